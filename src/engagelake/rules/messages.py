@@ -1,0 +1,126 @@
+"""Every error text the engine answers with, in one place.
+
+The engine, the in-memory reference model in tests/ and the docs all use these constants, so a
+changed wording changes everywhere at once. Check order is documented in docs/semantics.md.
+"""
+
+# --- /users/track: fatal (status 400, nothing of the request applied) -------------------------
+FATAL_BODY_NOT_OBJECT = "request body must be a JSON object"
+FATAL_NO_ARRAYS = "request must contain at least one of attributes, events or purchases"
+FATAL_NOT_ARRAY = "{array} must be an array"
+FATAL_TOO_MANY = "{array} may contain at most 75 objects"
+FATAL_ELEMENT_NOT_OBJECT = "{array}[{index}] must be an object"
+FATAL_BLOCKED_EXTERNAL_ID = "provided external_id is blacklisted and disallowed"
+
+# --- /users/track: non-fatal (the object at `index` is skipped) --------------------------------
+# Identifier checks, in this order.
+ERR_PUSH_TOKEN_IMPORT = "invalid push_token_import: must be a boolean"
+ERR_UPDATE_EXISTING_ONLY = "invalid _update_existing_only: must be a boolean"
+ERR_MULTIPLE_IDENTIFIERS = "multiple identifiers: give exactly one of external_id, user_alias, service_id"
+ERR_MISSING_IDENTIFIER = "missing identifier: one of external_id, user_alias, service_id, email or phone is required"
+ERR_EXTERNAL_ID = "invalid external_id: must be a non-empty string"
+ERR_USER_ALIAS = "invalid user_alias: must be an object with non-empty string alias_name and alias_label"
+ERR_SERVICE_ID = "invalid service_id: must be a non-empty string"
+ERR_EMAIL = "invalid email address"
+ERR_PHONE = "invalid phone number: expected E.164 (+ and 8 to 15 digits)"
+# Profile fields, checked in PROFILE_FIELD_ORDER.
+ERR_FIELD_STRING = "invalid {field}: expected a string of at most 255 characters"
+ERR_DOB = "invalid dob: expected a real date as YYYY-MM-DD"
+ERR_GENDER = "invalid gender: expected one of M, F, O, N, P"
+ERR_COUNTRY = "invalid country: expected an ISO 3166-1 alpha-2 code"
+ERR_LANGUAGE = "invalid language: expected an ISO 639-1 code"
+ERR_TIME_ZONE = "invalid time_zone: expected an IANA time zone name"
+ERR_SUBSCRIBE = "invalid {field}: expected subscribed, unsubscribed or opted_in"
+ERR_COORDINATES = "invalid last_coordinates: expected [longitude, latitude] in range"
+ERR_PUSH_TOKENS = "invalid push_tokens: expected an array of {app_id, token, device_id?} with string values"
+ERR_SUBSCRIPTION_GROUPS = "invalid subscription_groups: expected an array of {subscription_group_id, subscription_state} with state subscribed or unsubscribed"
+# Custom attributes, checked in object key order.
+ERR_ATTRIBUTE_NAME = "invalid custom attribute name: must be 1 to 255 characters and not start with $"
+ERR_ATTRIBUTE_STRING = "custom attribute string longer than 255 characters"
+ERR_ATTRIBUTE_DEPTH = "custom attribute nested deeper than 50 object levels"
+ERR_INC_VALUE = "inc value must be an integer"
+ERR_ADD_REMOVE_VALUE = "add and remove values must be arrays"
+# State-dependent checks, after every static check passed.
+ERR_UNKNOWN_SERVICE_ID = "unknown service_id"
+ERR_INC_NOT_NUMERIC = "cannot increment a non-numeric attribute"
+ERR_ARRAY_OP_NOT_ARRAY = "cannot add to or remove from a non-array attribute"
+# Events and purchases.
+ERR_EVENT_NAME = "invalid event name: must be a non-empty string of at most 255 characters"
+ERR_TIME = "invalid time: expected ISO 8601 with a UTC offset"
+ERR_APP_ID = "invalid app_id: must be a string"
+ERR_PROPERTIES = "invalid properties: must be an object"
+ERR_PROPERTY_NAME = "invalid property name: must be 1 to 254 characters and not start with $"
+ERR_PROPERTIES_SIZE = "properties too large: at most 100 KB with arrays or objects, 50 KB otherwise"
+ERR_PRODUCT_ID = "invalid product_id: must be a non-empty string of at most 255 characters"
+ERR_CURRENCY = "invalid currency: expected three upper-case letters"
+ERR_PRICE = "invalid price: must be a number"
+ERR_QUANTITY = "invalid quantity: expected an integer from 1 to 100"
+
+# --- /users/export/ids (status 400, {"message": ...}) ------------------------------------------
+EXPORT_BODY_NOT_OBJECT = "request body must be a JSON object"
+EXPORT_NO_IDENTIFIER = "at least one of external_ids, user_aliases, service_id, device_id, email_address or phone is required"
+EXPORT_EXTERNAL_IDS = "external_ids must be an array of strings"
+EXPORT_USER_ALIASES = "user_aliases must be an array of {alias_name, alias_label} objects with string values"
+EXPORT_TOO_MANY = "at most 50 external_ids and user_aliases together"
+EXPORT_ONE_OF = "only one of device_id, email_address or phone may be given"
+EXPORT_STRING_FIELD = "{field} must be a string"
+EXPORT_FIELDS_REQUIRED = "fields_to_export is required"
+EXPORT_FIELDS_SHAPE = "fields_to_export must be an array of strings"
+EXPORT_UNKNOWN_FIELDS = "unknown fields_to_export: {names}"
+
+# --- dispatch ----------------------------------------------------------------------------------
+NOT_FOUND = "no such endpoint: {method} {path}"
+METHOD_NOT_ALLOWED = "method {method} not allowed on {path}; allowed: {allowed}"
+BAD_JSON = "request body is not valid JSON"
+
+# Profile fields settable through /users/track, in validation order.
+PROFILE_FIELD_ORDER = (
+    "first_name",
+    "last_name",
+    "email",
+    "phone",
+    "dob",
+    "gender",
+    "country",
+    "language",
+    "home_city",
+    "time_zone",
+    "email_subscribe",
+    "push_subscribe",
+    "last_coordinates",
+    "attributed_campaign",
+    "attributed_source",
+    "attributed_adgroup",
+    "attributed_ad",
+)
+STRING_FIELDS = (
+    "first_name",
+    "last_name",
+    "home_city",
+    "attributed_campaign",
+    "attributed_source",
+    "attributed_adgroup",
+    "attributed_ad",
+)
+IDENTIFIER_FIELDS = ("external_id", "user_alias", "service_id", "email", "phone")
+RESERVED_NAMES = frozenset(
+    (*IDENTIFIER_FIELDS, *PROFILE_FIELD_ORDER, "_update_existing_only", "push_token_import",
+     "push_tokens", "subscription_groups")
+)
+BLOCKED_EXTERNAL_IDS = frozenset(
+    ("", "null", "none", "nil", "undefined", "n/a", "na", "unknown", "0", "-1",
+     "[object object]", "anonymous", "guest", "user", "test")
+)
+SUBSCRIBE_STATES = ("subscribed", "unsubscribed", "opted_in")
+GROUP_STATES = ("subscribed", "unsubscribed")
+GENDERS = ("M", "F", "O", "N", "P")
+
+EXPORT_FIELDS = (
+    "apps", "attributed_campaign", "attributed_source", "attributed_adgroup", "attributed_ad",
+    "service_id", "country", "created_at", "custom_attributes", "custom_events", "devices", "dob",
+    "email", "external_id", "first_name", "gender", "home_city", "language", "last_coordinates",
+    "last_name", "phone", "purchases", "push_tokens", "random_bucket", "time_zone",
+    "total_revenue", "uninstalled_at", "user_aliases",
+    # accepted besides the specification's list (SEMANTICS.md section 6)
+    "email_subscribe", "push_subscribe", "push_opted_in_at",
+)
