@@ -1,1 +1,20 @@
+"""engagelake: the customer-engagement API as vectorized rules over Delta Lake tables."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 __version__ = "0.1.0"
+__all__ = ["Response", "Workspace", "__version__"]
+
+if TYPE_CHECKING:
+    from engagelake.workspace import Response, Workspace
+
+
+def __getattr__(name: str) -> Any:
+    # lazy, so that `engagelake --help` does not import polars, duckdb and deltalake
+    if name in ("Workspace", "Response"):
+        from engagelake import workspace
+
+        return getattr(workspace, name)
+    raise AttributeError(name)

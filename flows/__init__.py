@@ -1,0 +1,10 @@
+"""Prefect flows over `engagelake.Workspace`: bulk batches in, exports out.
+
+The flows are thin: they find and read files, call `Workspace.apply` / `Workspace.call` /
+`Workspace.export_users`, and write files. Tasks retry only on I/O errors (`OSError`), and
+every flow is safe to re-run.
+
+- `flows.track_batch.track_batch(folder, store)`: apply each request file as one batch.
+- `flows.export_batch.export_batch(identifiers, out_dir, store)`: export users by external ID.
+- `flows.export_batch.export_all(out_dir, store)`: export every user of the store.
+"""

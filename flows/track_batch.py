@@ -1,0 +1,84 @@
+"""Prefect flow `track_batch`: apply a folder of request files, each file as one batch.
+
+Files (`*.ndjson`, `*.parquet`) are applied in sorted name order with
+`Workspace.apply(requests, idempotency_key="<file name>:<sha256 of the file>")`, and the
+responses are written beside each file as `<stem>.responses.ndjson`. Re-running the flow over
+the same files applies nothing again: the store answers with the responses it stored, and the
+responses files are rewritten with the same content. A changed file is a new batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from prefect import flow, get_run_logger, task
+from prefect.utilities.annotations import quote
+
+from engagelake import Response, Workspace
+from engagelake.files import (
+    AppliedFile,
+    RequestFile,
+    list_request_files,
+    read_request_file,
+    write_responses_file,
+)
+from flows._retry import IO_TASK_OPTIONS
+
+
+@task(name="find-request-files", **IO_TASK_OPTIONS)
+def find_request_files(folder: str) -> list[Path]:
+    """The folder's request files in sorted name order."""
+    return list_request_files(folder)
+
+
+@task(name="read-request-file", task_run_name="read {path.name}", **IO_TASK_OPTIONS)
+def read_requests(path: Path) -> RequestFile:
+    """Read one request file and compute its idempotency key."""
+    return read_request_file(path)
+
+
+@task(name="apply-batch", **IO_TASK_OPTIONS)
+def apply_batch(workspace: Workspace, batch: RequestFile) -> list[Response]:
+    """Apply one file's requests as one batch; retrying is safe under the batch's key."""
+    return workspace.apply(batch.requests, idempotency_key=batch.idempotency_key)
+
+
+@task(name="write-responses", **IO_TASK_OPTIONS)
+def write_responses(batch: RequestFile, responses: list[Response]) -> AppliedFile:
+    """Write `<stem>.responses.ndjson` beside the request file."""
+    return write_responses_file(batch, responses)
+
+
+@flow(name="track_batch")
+def track_batch(
+    folder: str,
+    store: str = "data/store",
+    on_file_applied: Callable[[AppliedFile], None] | None = None,
+) -> list[AppliedFile]:
+    """Apply every request file of `folder` to the store, one batch per file, in name order.
+
+    `on_file_applied` is called in-process after each file (the CLI uses it for progress bars);
+    it is not stored with the flow run.
+    """
+    logger = get_run_logger()
+    workspace = Workspace.open(store)
+    applied: list[AppliedFile] = []
+    for path in find_request_files(folder):
+        batch = read_requests(path)
+        responses = apply_batch(workspace, quote(batch))
+        result = write_responses(quote(batch), quote(responses))
+        logger.info(
+            "%s: %d requests, statuses %s, %d non-fatal errors",
+            path.name, result.requests, result.statuses, result.errors,
+        )
+        applied.append(result)
+        if on_file_applied is not None:
+            on_file_applied(result)
+    return applied
+
+
+if __name__ == "__main__":
+    import sys
+
+    track_batch(*sys.argv[1:3])

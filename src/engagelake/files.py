@@ -1,0 +1,289 @@
+"""Request, response and export files: the one place that reads and writes them.
+
+The flows and the CLI share these helpers, so a file applied by `engagelake apply` and the same
+file applied by the `track_batch` flow carry the same idempotency key and give the same
+responses file.
+
+- Request files are NDJSON (one `{"method", "path", "body", "query"?}` object a line) or
+  Parquet with the columns `method`, `path`, `body` (JSON text) and optionally `query` (JSON
+  text, nullable).
+- A responses file `<stem>.responses.ndjson` sits next to its request file, one
+  `{"status", "body"}` a line, in request order.
+- An export writes `users.ndjson` and `users.parquet` (nested values as JSON text columns).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+import orjson
+
+if TYPE_CHECKING:
+    import polars as pl
+
+REQUEST_SUFFIXES = (".ndjson", ".parquet")
+RESPONSES_SUFFIX = ".responses.ndjson"
+PARQUET_COLUMNS = ("method", "path", "body", "query")
+
+
+class RequestFileError(ValueError):
+    """A request or identifiers file that cannot be read as such; the message names the file
+    and, where there is one, the line or row."""
+
+
+class ResponseLike(Protocol):
+    """What the files need of `engagelake.Response`."""
+
+    @property
+    def status(self) -> int: ...
+
+    @property
+    def body(self) -> dict[str, Any] | None: ...
+
+
+@dataclass(frozen=True)
+class RequestFile:
+    """One request file, read: its requests and the idempotency key of its exact bytes."""
+
+    path: Path
+    idempotency_key: str
+    requests: list[dict[str, Any]] = field(repr=False)
+
+
+@dataclass(frozen=True)
+class AppliedFile:
+    """What applying one request file gave: counts by status and where the responses are."""
+
+    path: Path
+    responses_path: Path
+    requests: int
+    statuses: dict[int, int]
+    errors: int
+
+    @property
+    def failed(self) -> int:
+        """Requests answered with a status of 400 or more."""
+        return sum(count for status, count in self.statuses.items() if status >= 400)
+
+
+def list_request_files(folder: str | Path) -> list[Path]:
+    """The `*.ndjson` and `*.parquet` request files of `folder`, in sorted name order.
+
+    Responses files (`*.responses.ndjson`) and hidden or partial files are not request files.
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        msg = f"request folder {str(folder)!r} does not exist or is not a folder"
+        raise RequestFileError(msg)
+    paths = sorted(
+        path
+        for path in folder.iterdir()
+        if path.is_file()
+        and path.suffix in REQUEST_SUFFIXES
+        and not path.name.endswith(RESPONSES_SUFFIX)
+        and not path.name.startswith(".")
+    )
+    stems = Counter(path.stem for path in paths)
+    if clashes := sorted(stem for stem, count in stems.items() if count > 1):
+        msg = (
+            f"request files in {str(folder)!r} share a name: {', '.join(clashes)} "
+            "(.ndjson and .parquet); rename one so that each gets its own responses file"
+        )
+        raise RequestFileError(msg)
+    return paths
+
+
+def read_request_file(path: str | Path) -> RequestFile:
+    """Read an NDJSON or Parquet request file; its key is `"<file name>:<sha256 of its bytes>"`."""
+    path = Path(path)
+    if path.suffix not in REQUEST_SUFFIXES:
+        msg = f"{path}: not a request file; expected a .ndjson or .parquet file"
+        raise RequestFileError(msg)
+    data = path.read_bytes()
+    key = f"{path.name}:{hashlib.sha256(data).hexdigest()}"
+    if path.suffix == ".parquet":
+        requests = _parse_parquet(path)
+    else:
+        requests = _parse_ndjson(path, data)
+    return RequestFile(path=path, idempotency_key=key, requests=requests)
+
+
+def responses_path(path: str | Path) -> Path:
+    """Where the responses of request file `path` go: `<stem>.responses.ndjson` beside it."""
+    path = Path(path)
+    return path.with_name(path.stem + RESPONSES_SUFFIX)
+
+
+def write_responses_file(request_file: RequestFile, responses: Sequence[ResponseLike]) -> AppliedFile:
+    """Write one `{"status", "body"}` line per response next to the request file (atomically)."""
+    target = responses_path(request_file.path)
+    lines = [orjson.dumps({"status": r.status, "body": r.body}) for r in responses]
+    write_bytes_atomically(target, b"".join(line + b"\n" for line in lines))
+    return AppliedFile(
+        path=request_file.path,
+        responses_path=target,
+        requests=len(responses),
+        statuses=dict(sorted(Counter(r.status for r in responses).items())),
+        errors=sum(len((r.body or {}).get("errors") or ()) for r in responses),
+    )
+
+
+def read_responses_file(path: str | Path) -> list[dict[str, Any]]:
+    """The `{"status", "body"}` lines of a responses file."""
+    return [orjson.loads(line) for line in Path(path).read_bytes().splitlines() if line.strip()]
+
+
+def read_identifiers(source: str | Path | Iterable[str]) -> list[str]:
+    """External IDs from a list, a JSON array file, or a text file with one ID a line.
+
+    Blank lines and surrounding whitespace are ignored; repeated IDs are kept once, first place.
+    """
+    if isinstance(source, str | Path):
+        path = Path(source)
+        if not path.is_file():
+            msg = f"identifiers file {str(path)!r} does not exist"
+            raise RequestFileError(msg)
+        if path.suffix == ".json":
+            values = _load_json(path, path.read_bytes())
+            if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+                msg = f"{path}: expected a JSON array of external ID strings"
+                raise RequestFileError(msg)
+        else:
+            values = path.read_text(encoding="utf-8").splitlines()
+    else:
+        values = list(source)
+        if not all(isinstance(v, str) for v in values):
+            msg = "external IDs must be strings"
+            raise RequestFileError(msg)
+    return list(dict.fromkeys(v.strip() for v in values if v.strip()))
+
+
+def users_frame(users: Sequence[dict[str, Any]]) -> pl.DataFrame:
+    """Exported users as a frame: one column per field (first appearance order), nested values
+    (objects, arrays) as JSON text."""
+    import polars as pl
+
+    names = list(dict.fromkeys(name for user in users for name in user))
+    columns: dict[str, pl.Series] = {}
+    for name in names:
+        values = [user.get(name) for user in users]
+        if any(isinstance(v, dict | list) for v in values):
+            text = [None if v is None else orjson.dumps(v).decode() for v in values]
+            columns[name] = pl.Series(name, text, dtype=pl.String)
+        else:
+            series = pl.Series(name, values, strict=False)
+            columns[name] = series.cast(pl.String) if series.dtype == pl.Null else series
+    return pl.DataFrame(columns, height=len(users))
+
+
+def write_users_files(users: Sequence[dict[str, Any]], out_dir: str | Path) -> tuple[Path, Path]:
+    """Write `users.ndjson` and `users.parquet` into `out_dir` (created when missing)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    ndjson = out / "users.ndjson"
+    write_bytes_atomically(ndjson, b"".join(orjson.dumps(user) + b"\n" for user in users))
+    parquet = out / "users.parquet"
+    partial = parquet.with_name(f".{parquet.name}.partial")
+    users_frame(users).write_parquet(partial)
+    os.replace(partial, parquet)
+    return ndjson, parquet
+
+
+def write_bytes_atomically(path: Path, data: bytes) -> None:
+    """Write to a temporary file beside `path`, then rename it over `path`."""
+    partial = path.with_name(f".{path.name}.partial")
+    partial.write_bytes(data)
+    os.replace(partial, path)
+
+
+def _load_json(path: Path, text: bytes, where: str = "") -> Any:
+    """`orjson.loads` with an error that names the file and place."""
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError as error:
+        msg = f"{path}{where}: not valid JSON ({error})"
+        raise RequestFileError(msg) from error
+
+
+def _parse_ndjson(path: Path, data: bytes) -> list[dict[str, Any]]:
+    """One request object per non-blank line."""
+    requests = []
+    for number, line in enumerate(data.splitlines(), start=1):
+        if line.strip():
+            request = _load_json(path, line, f" line {number}")
+            requests.append(_check_request(request, path, f"line {number}"))
+    return requests
+
+
+def _parse_parquet(path: Path) -> list[dict[str, Any]]:
+    """Rows of `method`, `path`, `body` (JSON text) and optional `query` (JSON text or null)."""
+    import polars as pl
+
+    try:
+        frame = pl.read_parquet(path)
+    except pl.exceptions.PolarsError as error:
+        msg = f"{path}: not a readable Parquet file ({error})"
+        raise RequestFileError(msg) from error
+    missing = [name for name in PARQUET_COLUMNS[:3] if name not in frame.columns]
+    if missing:
+        msg = (
+            f"{path}: missing column(s) {', '.join(missing)}; a Parquet request file has the "
+            "columns method, path, body (JSON text) and optionally query (JSON text)"
+        )
+        raise RequestFileError(msg)
+    queries = frame["query"].to_list() if "query" in frame.columns else [None] * frame.height
+    requests = []
+    rows = zip(
+        frame["method"].to_list(), frame["path"].to_list(), frame["body"].to_list(), queries,
+        strict=True,
+    )
+    for number, (method, route, body, query) in enumerate(rows, start=1):
+        where = f" row {number}"
+        request: dict[str, Any] = {
+            "method": method,
+            "path": route,
+            "body": None if body is None else _body(body),
+        }
+        if query is not None:
+            request["query"] = _load_json(path, _text(query), where)
+        requests.append(_check_request(request, path, f"row {number}"))
+    return requests
+
+
+def _body(text: str | bytes) -> Any:
+    """A Parquet body cell: its JSON value, or the text itself when it is not JSON, so that the
+    engine answers that request 400 like the API does instead of the whole file failing."""
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return text
+
+
+def _text(value: Any) -> bytes:
+    """JSON text from a Parquet string or binary cell."""
+    return value if isinstance(value, bytes) else str(value).encode()
+
+
+def _check_request(request: Any, path: Path, where: str) -> dict[str, Any]:
+    """The request shape of `Workspace.apply`: string `method` and `path`, object `query`."""
+    if not isinstance(request, dict):
+        msg = f"{path} {where}: expected a request object {{method, path, body, query?}}"
+        raise RequestFileError(msg)
+    for name in ("method", "path"):
+        if not isinstance(request.get(name), str):
+            msg = f"{path} {where}: {name!r} must be a string, got {request.get(name)!r}"
+            raise RequestFileError(msg)
+    if request.get("query") is not None and not isinstance(request["query"], dict):
+        msg = f"{path} {where}: 'query' must be an object of query parameters or null"
+        raise RequestFileError(msg)
+    extra = set(request) - {"method", "path", "body", "query"}
+    if extra:
+        msg = f"{path} {where}: unknown key(s) {', '.join(sorted(extra))}; allowed: method, path, body, query"
+        raise RequestFileError(msg)
+    return request

@@ -1,0 +1,218 @@
+"""Custom-attribute rules: type errors of `inc`/`add`/`remove`, and the final value of every
+touched (user, attribute) after a batch of operations, as if applied one by one.
+
+An operation row: `service_id, name, seq, op, value, vt, inc, add, remove` where `op` is `set`,
+`unset`, `inc` or `arr`. Values are compact JSON text.
+"""
+
+from __future__ import annotations
+
+import duckdb
+import orjson
+import polars as pl
+
+from engagelake.rules import formats as F
+from engagelake.rules import messages as M
+
+KEY = ["service_id", "name"]
+BIG = 1 << 40
+
+
+def value_type(text: pl.Expr) -> pl.Expr:
+    """JSON text → ARRAY / OBJECT / STRING / BOOLEAN / NUMBER (null stays null = missing)."""
+    first = text.str.slice(0, 1)
+    return (
+        pl.when(first == "[").then(pl.lit("ARRAY"))
+        .when(first == "{").then(pl.lit("OBJECT"))
+        .when(first == '"').then(pl.lit("STRING"))
+        .when(first.is_in(["t", "f"])).then(pl.lit("BOOLEAN"))
+        .when(text.is_not_null()).then(pl.lit("NUMBER"))
+    )
+
+
+def _result_type() -> pl.Expr:
+    return (
+        pl.when(pl.col("op") == "unset").then(pl.lit("MISSING"))
+        .when(pl.col("op") == "inc").then(pl.lit("NUMBER"))
+        .when(pl.col("op") == "arr").then(pl.lit("ARRAY"))
+        .otherwise(value_type(pl.col("value")))
+    )
+
+
+def attribute_errors(ops: pl.DataFrame, current: pl.DataFrame) -> pl.DataFrame:
+    """`seq, error` of the first (by key position) operation per object that meets a value of
+    the wrong type: `inc` on a non-number, `add`/`remove` on a non-array. Column `applied`
+    tells which operations belong to objects that were applied; only those shape the value the
+    next operation meets."""
+    if ops.height == 0:
+        return pl.DataFrame(schema={"seq": pl.Int64, "error": pl.String})
+    cur = current.join(ops.select(KEY).unique(), on=KEY, how="semi").select(
+        *KEY, value_type(pl.col("value")).alias("cur_type"))
+    o = (
+        ops.select(*KEY, "seq", "kpos", "op", "value")
+        .sort([*KEY, "seq"])
+        .with_columns(rt=_result_type())
+        .with_columns(prev=pl.col("rt").shift(1).over(KEY))
+        .join(cur, on=KEY, how="left")
+        .with_columns(prev=pl.coalesce("prev", "cur_type", pl.lit("MISSING")))
+    )
+    err = (
+        pl.when((pl.col("op") == "inc") & ~pl.col("prev").is_in(["NUMBER", "MISSING"]))
+        .then(pl.lit(M.ERR_INC_NOT_NUMERIC))
+        .when((pl.col("op") == "arr") & ~pl.col("prev").is_in(["ARRAY", "MISSING"]))
+        .then(pl.lit(M.ERR_ARRAY_OP_NOT_ARRAY))
+    )
+    return (
+        o.with_columns(error=err).filter(pl.col("error").is_not_null())
+        .sort("seq", "kpos").group_by("seq", maintain_order=True)
+        .agg(pl.col("error").first())
+    )
+
+
+def _canonical(texts: pl.Series) -> pl.Series:
+    """Canonical JSON (sorted keys) of values holding objects; the rare slow path of equality."""
+    return pl.Series(
+        [orjson.dumps(orjson.loads(t), option=orjson.OPT_SORT_KEYS).decode() for t in texts],
+        dtype=pl.String,
+    )
+
+
+def _explode_arrays(con: duckdb.DuckDBPyConnection, frame: pl.DataFrame, col: str) -> pl.DataFrame:
+    """One row per element of the JSON arrays in `col`: the frame's other columns, `pos`, `elem`."""
+    if frame.height == 0:
+        return frame.drop(col).with_columns(pos=pl.lit(0, pl.Int64), elem=pl.lit("", pl.String)).clear()
+    con.register("arrays_in", frame.with_row_index("_rid").to_arrow())
+    exploded = pl.from_arrow(
+        con.sql(
+            f"""SELECT _rid, unnest(json_extract("{col}"::JSON, '$[*]'))::VARCHAR AS elem,
+                       unnest(generate_series(0, json_array_length("{col}"::JSON)::BIGINT - 1)) AS pos
+                FROM arrays_in WHERE "{col}" IS NOT NULL"""
+        ).to_arrow_table()
+    )
+    con.unregister("arrays_in")
+    assert isinstance(exploded, pl.DataFrame)
+    return frame.with_row_index("_rid").drop(col).join(exploded, on="_rid").drop("_rid")
+
+
+def _with_canon(elems: pl.DataFrame) -> pl.DataFrame:
+    has_obj = pl.col("elem").str.contains("{", literal=True)
+    objs = elems.filter(has_obj)
+    canon_objs = objs.with_columns(canon=_canonical(objs["elem"]))
+    return pl.concat([elems.filter(~has_obj).with_columns(canon=pl.col("elem")), canon_objs])
+
+
+def _fold_slow(base: list[str], steps: list[tuple[list[str], list[str]]]) -> str:
+    """Sequential ordered-set fold with the cap after every step (arrays that may pass 500)."""
+
+    def canon(t: str) -> str:
+        return orjson.dumps(orjson.loads(t), option=orjson.OPT_SORT_KEYS).decode()
+
+    items: dict[str, str] = {}
+    for adds, removes in [(base, []), *steps]:
+        for t in adds:
+            items.pop(canon(t), None)
+            items[canon(t)] = t
+        for t in removes:
+            items.pop(canon(t), None)
+        while len(items) > F.MAX_ARRAY:
+            items.pop(next(iter(items)))
+    return "[" + ",".join(items.values()) + "]"
+
+
+def fold_attributes(ops: pl.DataFrame, current: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Final values of the touched attributes: (upserts `service_id,name,value`, deleted keys)."""
+    if ops.height == 0:
+        return current.clear(), current.clear().select(KEY)
+    ops = ops.sort([*KEY, "seq"])
+    resets = (
+        ops.filter(pl.col("op").is_in(["set", "unset"]))
+        .group_by(KEY).agg(pl.col("seq").max().alias("reset_seq"), pl.col("op").last().alias("reset_op"),
+                           pl.col("value").last().alias("reset_value"))
+    )
+    keys = (
+        ops.select(KEY).unique()
+        .join(resets, on=KEY, how="left")
+        .join(current.rename({"value": "cur_value"}), on=KEY, how="left")
+    )
+    tail = ops.join(keys.select(*KEY, "reset_seq"), on=KEY).filter(
+        pl.col("reset_seq").is_null() | (pl.col("seq") > pl.col("reset_seq"))
+    )
+    tail_kind = tail.group_by(KEY).agg(pl.col("op").first().alias("tail_op"))
+    keys = keys.join(tail_kind, on=KEY, how="left").with_columns(
+        base=pl.when(pl.col("reset_op").is_not_null()).then(pl.col("reset_value")).otherwise(pl.col("cur_value"))
+    )
+    deleted = keys.filter(pl.col("tail_op").is_null() & (pl.col("reset_op") == "unset")).select(KEY)
+    # increments: base (missing = 0) plus the sum of the tail
+    incs = tail.filter(pl.col("op") == "inc").group_by(KEY).agg(pl.col("inc").sum().alias("inc_sum"))
+    inc_keys = keys.filter(pl.col("tail_op") == "inc").join(incs, on=KEY).with_columns(
+        is_float=pl.col("base").str.contains(r"[.eE]").fill_null(False),
+        base=pl.col("base").fill_null("0"),
+    )
+    inc_values = inc_keys.select(
+        *KEY,
+        value=pl.when(pl.col("is_float"))
+        .then((pl.col("base").cast(pl.Float64) + pl.col("inc_sum")).cast(pl.String))
+        .otherwise((pl.col("base").cast(pl.Int64) + pl.col("inc_sum")).cast(pl.String)),
+    )
+    # plain values: the last set, unless it is an array (normalized below)
+    plain = keys.filter(pl.col("tail_op").is_null() & (pl.col("reset_op") == "set"))
+    plain_values = plain.filter(value_type(pl.col("base")) != "ARRAY").select(*KEY, value=pl.col("base"))
+    # arrays: ordered-set fold of base elements and the tail's add/remove operations
+    arr_keys = pl.concat([
+        plain.filter(value_type(pl.col("base")) == "ARRAY").select(KEY),
+        keys.filter(pl.col("tail_op") == "arr").select(KEY),
+    ])
+    array_values = _fold_arrays(
+        keys.join(arr_keys, on=KEY, how="semi"),
+        tail.filter(pl.col("op") == "arr").join(arr_keys, on=KEY, how="semi"),
+    )
+    upserts = pl.concat([inc_values, plain_values, array_values]).select(*KEY, "value")
+    return upserts, deleted
+
+
+def _fold_arrays(keys: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
+    """Keys with `base` (JSON array text or null) and their `arr` steps → final array values."""
+    if keys.height == 0:
+        return pl.DataFrame(schema={"service_id": pl.String, "name": pl.String, "value": pl.String})
+    con = duckdb.connect()
+    try:
+        base = keys.select(*KEY, pl.when(pl.col("base").str.starts_with("[")).then(pl.col("base")).alias("base"))
+        base_e = _explode_arrays(con, base, "base").with_columns(
+            seq=pl.lit(-1, pl.Int64), kind=pl.lit("add"))
+        add_e = _explode_arrays(con, steps.select(*KEY, "seq", "add"), "add").with_columns(kind=pl.lit("add"))
+        rem_e = _explode_arrays(con, steps.select(*KEY, "seq", "remove"), "remove").with_columns(
+            kind=pl.lit("remove"), pos=pl.col("pos") + BIG)
+    finally:
+        con.close()
+    events = pl.concat([base_e, add_e, rem_e], how="diagonal_relaxed").select(*KEY, "seq", "pos", "kind", "elem")
+    events = _with_canon(events)
+    # keys that may pass the cap mid-way take the sequential slow path
+    sizes = events.filter(pl.col("kind") == "add").group_by(KEY).agg(pl.len().alias("adds"))
+    has_steps = steps.select(KEY).unique().with_columns(stepped=pl.lit(True))
+    slow = sizes.join(has_steps, on=KEY).filter(pl.col("adds") > F.MAX_ARRAY).select(KEY)
+    fast_events = events.join(slow, on=KEY, how="anti")
+    last = (
+        fast_events.sort([*KEY, "seq", "pos"])
+        .group_by([*KEY, "canon"]).agg(pl.col("kind").last(), pl.col("seq").last(), pl.col("pos").last(),
+                                       pl.col("elem").last())
+        .filter(pl.col("kind") == "add")
+        .sort([*KEY, "seq", "pos"])
+        .group_by(KEY, maintain_order=True).agg(pl.col("elem").tail(F.MAX_ARRAY))
+    )
+    fast = keys.select(KEY).join(slow, on=KEY, how="anti").join(last, on=KEY, how="left").select(
+        *KEY, value=pl.lit("[") + pl.col("elem").fill_null([]).list.join(",") + pl.lit("]"))
+    slow_values = _fold_slow_keys(events.join(slow, on=KEY, how="semi"))
+    return pl.concat([fast, slow_values])
+
+
+def _fold_slow_keys(events: pl.DataFrame) -> pl.DataFrame:
+    """The documented slow path: keys whose array may exceed the cap before the end of the batch."""
+    rows = []
+    for (sid, name), grp in events.sort("seq", "pos").group_by(KEY, maintain_order=True):
+        base = grp.filter(pl.col("seq") == -1)["elem"].to_list()
+        steps = [
+            (s.filter(pl.col("kind") == "add")["elem"].to_list(), s.filter(pl.col("kind") == "remove")["elem"].to_list())
+            for _, s in grp.filter(pl.col("seq") >= 0).group_by("seq", maintain_order=True)
+        ]
+        rows.append((sid, name, _fold_slow(base, steps)))
+    return pl.DataFrame(rows, schema={"service_id": pl.String, "name": pl.String, "value": pl.String}, orient="row")

@@ -1,0 +1,149 @@
+"""Flatten `/users/track` bodies into operation tables, vectorized in DuckDB.
+
+Input: one row per request (`req`, `body` as JSON text). Output frames, one row per thing:
+- `requests`: the request-level facts the fatal checks need;
+- `objects`: one row per attributes/events/purchases element, with `seq` = the global order
+  (request, then attributes, events, purchases, then index), identifier and fixed fields
+  extracted with their JSON types;
+- `pairs`: one row per key of each attributes object (profile fields and custom attributes);
+- `tokens` / `groups`: one row per `push_tokens` / `subscription_groups` element.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import duckdb
+import polars as pl
+import pyarrow as pa
+
+ARRAYS = ("attributes", "events", "purchases")
+
+
+@dataclass(frozen=True)
+class ParsedTrack:
+    requests: pl.DataFrame
+    objects: pl.DataFrame
+    pairs: pl.DataFrame
+    tokens: pl.DataFrame
+    groups: pl.DataFrame
+
+
+def _q(con: duckdb.DuckDBPyConnection, sql: str) -> pl.DataFrame:
+    return pl.from_arrow(con.sql(sql).to_arrow_table())  # type: ignore[return-value]
+
+
+_REQUESTS_SQL = """
+SELECT req,
+       json_type(j) AS body_type,
+       {facts}
+FROM b
+"""
+
+_FACTS = ",\n       ".join(
+    f"json_type(j, '$.{a}') AS {a}_type, "
+    f"CASE WHEN json_type(j, '$.{a}') = 'ARRAY' THEN json_array_length(j, '$.{a}') END AS {a}_len"
+    for a in ARRAYS
+)
+
+_ELEMENTS_SQL = """
+SELECT req, {arr_no} AS arr, i AS idx, e
+FROM (
+  SELECT req,
+         unnest(json_extract(j, '$.{arr}[*]')) AS e,
+         unnest(generate_series(0, json_array_length(j, '$.{arr}')::BIGINT - 1)) AS i
+  FROM b WHERE json_type(j, '$.{arr}') = 'ARRAY'
+)
+"""
+
+
+def _field(path: str, name: str) -> str:
+    return f"json_type(e, '$.{path}') AS {name}_t, e->>'$.{path}' AS {name}"
+
+
+_OBJECT_COLUMNS = ",\n  ".join(
+    [
+        "json_type(e) AS obj_t",
+        _field("external_id", "ext"),
+        "json_type(e, '$.user_alias') AS alias_t",
+        _field("user_alias.alias_name", "alias_name"),
+        _field("user_alias.alias_label", "alias_label"),
+        _field("service_id", "sid"),
+        _field("email", "email"),
+        _field("phone", "phone"),
+        _field("_update_existing_only", "ueo"),
+        _field("push_token_import", "pti"),
+        _field("name", "name"),
+        _field("time", "time"),
+        _field("app_id", "app_id"),
+        _field("product_id", "product_id"),
+        _field("currency", "currency"),
+        _field("price", "price"),
+        _field("quantity", "quantity"),
+        "json_type(e, '$.properties') AS props_t",
+        "CASE WHEN json_type(e, '$.properties') = 'OBJECT' THEN json_extract(e, '$.properties')::VARCHAR END AS props",
+        "CASE WHEN json_type(e, '$.properties') = 'OBJECT' THEN json_keys(e, '$.properties') END AS props_keys",
+        "CASE WHEN json_type(e, '$.properties') = 'OBJECT' THEN list_bool_or(list_transform("
+        "map_values(json_transform(json_extract(e, '$.properties'), '\"MAP(VARCHAR, JSON)\"')), "
+        "lambda x: coalesce(json_type(x) IN ('OBJECT', 'ARRAY'), false))) END AS props_nested",
+        "json_type(e, '$.push_tokens') AS tokens_t",
+        "json_type(e, '$.subscription_groups') AS groups_t",
+    ]
+)
+
+
+def parse_track(bodies: pa.Table) -> ParsedTrack:
+    """Flatten track request bodies (`req` int64, `body` JSON text) into operation tables."""
+    con = duckdb.connect()
+    try:
+        con.register("bodies", bodies)
+        con.execute("CREATE TEMP TABLE b AS SELECT req, body::JSON AS j FROM bodies")
+        requests = _q(con, _REQUESTS_SQL.format(facts=_FACTS))
+        elements = " UNION ALL ".join(
+            _ELEMENTS_SQL.format(arr=a, arr_no=n) for n, a in enumerate(ARRAYS)
+        )
+        con.execute(
+            f"CREATE TEMP TABLE o AS SELECT row_number() OVER (ORDER BY req, arr, idx) - 1 AS seq, * "
+            f"FROM ({elements})"
+        )
+        objects = _q(con, f"SELECT seq, req, arr, idx, {_OBJECT_COLUMNS} FROM o ORDER BY seq")
+        # keys of attributes objects, in key order; MAP keeps the object's key order
+        con.execute(
+            """CREATE TEMP TABLE m AS
+               SELECT seq, json_transform(e, '"MAP(VARCHAR, JSON)"') AS m
+               FROM o WHERE arr = 0 AND json_type(e) = 'OBJECT'"""
+        )
+        pairs = _q(
+            con,
+            """WITH p AS (
+                 SELECT seq, unnest(map_keys(m)) AS key, unnest(map_values(m)) AS v,
+                        unnest(generate_series(0, cardinality(m)::BIGINT - 1)) AS kpos
+                 FROM m)
+               SELECT seq, key, kpos, v::VARCHAR AS v, coalesce(json_type(v), 'NULL') AS vt,
+                      CASE WHEN json_type(v) = 'VARCHAR' THEN v->>'$' END AS vs,
+                      CASE WHEN json_type(v) = 'OBJECT' THEN json_keys(v) END AS okeys,
+                      json_type(v, '$.inc') AS inc_t,
+                      CASE WHEN json_type(v, '$.inc') IN ('BIGINT', 'UBIGINT')
+                           THEN TRY_CAST(v->>'$.inc' AS BIGINT) END AS inc,
+                      json_type(v, '$.add') AS add_t, json_extract(v, '$.add')::VARCHAR AS add,
+                      json_type(v, '$.remove') AS remove_t,
+                      json_extract(v, '$.remove')::VARCHAR AS remove
+               FROM p ORDER BY seq, kpos""",
+        )
+        tokens = _list_elements(con, "push_tokens", ("app_id", "token", "device_id"))
+        groups = _list_elements(con, "subscription_groups", ("subscription_group_id", "subscription_state"))
+    finally:
+        con.close()
+    return ParsedTrack(requests, objects, pairs, tokens, groups)
+
+
+def _list_elements(con: duckdb.DuckDBPyConnection, key: str, fields: tuple[str, ...]) -> pl.DataFrame:
+    cols = ", ".join(f"json_type(x, '$.{f}') AS {f}_t, x->>'$.{f}' AS {f}" for f in fields)
+    return _q(
+        con,
+        f"""SELECT seq, pos, json_type(x) AS elem_t, {cols} FROM (
+              SELECT seq,
+                     unnest(json_extract(e, '$.{key}[*]')) AS x,
+                     unnest(generate_series(0, json_array_length(e, '$.{key}')::BIGINT - 1)) AS pos
+              FROM o WHERE arr = 0 AND json_type(e, '$.{key}') = 'ARRAY')""",
+    )

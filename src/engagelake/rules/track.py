@@ -1,0 +1,436 @@
+"""`/users/track` over a whole batch: identity resolution, state-dependent checks, and the
+changes to every table, exactly as if the objects were applied one by one.
+
+Ordering inside a batch is `seq` (request, then attributes, events, purchases, then index).
+Most of a batch is static: external IDs and aliases resolve by joins, and the first object that
+may create a profile creates it. What depends on earlier objects — which profile an email or
+phone picks (recency changes as objects apply), whether a service ID or push token exists yet,
+whether an `inc` meets a number — is solved as a fixed point: each pass recomputes those
+outcomes from the previous pass's outcomes, with every outcome at `seq` depending only on
+outcomes before it, so the first difference moves forward every pass and the loop ends when a
+pass changes nothing (two passes in the common case). Each pass is joins, as-of joins and
+window functions over the batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import duckdb
+import polars as pl
+
+from engagelake.rules.attributes import attribute_errors, fold_attributes
+from engagelake.rules.messages import ERR_UNKNOWN_SERVICE_ID
+from engagelake.rules.parse import ARRAYS, ParsedTrack
+from engagelake.rules.state import Changes, State
+from engagelake.rules.validate import ValidTrack
+from engagelake.store.schema import UTC_TS
+
+SEP = "\x1f"  # joins alias label and name, app_id and token, into one key
+
+
+@dataclass
+class TrackOutcome:
+    responses: dict[int, tuple[int, dict[str, Any]]]
+    changes: Changes
+    next_profile_n: int
+    next_update_seq: int
+
+
+def _temp_id(seq: pl.Expr, pos: pl.Expr) -> pl.Expr:
+    return pl.format("~{}:{}", seq, pos)
+
+
+def service_ids(seed: str, ordinals: pl.Series) -> pl.Series:
+    """`sha256(f"{seed}:{n}")[:24]` for each ordinal, computed in DuckDB."""
+    if ordinals.len() == 0:
+        return pl.Series([], dtype=pl.String)
+    con = duckdb.connect()
+    try:
+        con.register("ords", pl.DataFrame({"n": ordinals}).to_arrow())
+        out = con.sql(
+            "SELECT left(sha256($seed || ':' || n::VARCHAR), 24) AS sid FROM ords", params={"seed": seed}
+        ).to_arrow_table()
+    finally:
+        con.close()
+    return pl.Series(out.column("sid").to_pylist(), dtype=pl.String)
+
+
+def _asof(left: pl.DataFrame, timeline: pl.DataFrame, *, value: str, inclusive: bool) -> pl.DataFrame:
+    """For each (sid, seq) row of `left`: the timeline's last `value` for that sid before `seq`
+    (at or before when `inclusive`), in column `value`, and `found` telling whether one exists."""
+    tl = timeline.select("sid", pl.col("seq").alias("tl_seq"), pl.col("seq"), value).sort("seq")
+    return left.sort("seq").join_asof(
+        tl, on="seq", by="sid", strategy="backward", allow_exact_matches=inclusive, check_sortedness=False
+    ).with_columns(found=pl.col("tl_seq").is_not_null()).drop("tl_seq")
+
+
+class _Batch:
+    """Everything one track pass needs, kept together so each rule is a short method."""
+
+    def __init__(self, state: State, parsed: ParsedTrack, valid: ValidTrack, clock: datetime, seed: str):
+        self.state, self.parsed, self.valid, self.clock, self.seed = state, parsed, valid, clock, seed
+        self.gbase = state.next_update_seq
+        objs = valid.objects
+        self.ok = objs.filter(pl.col("error").is_null())
+        self.imports = self.ok.filter(pl.col("import_mode"))
+        regular = self.ok.filter(~pl.col("import_mode"))
+        self.kind_of = regular.select("seq", "kind")
+        prof = state["profiles"]
+        self.prof = prof.select(
+            pl.col("service_id").alias("sid"), "email", "phone", "updated_at", "update_seq",
+            pl.col("external_id").is_not_null().alias("has_ext"),
+        )
+        self._resolve_strong(regular)
+        self.dynamic = regular.filter(pl.col("kind").is_in(["email", "phone", "sid"]))
+        self.import_tokens = valid.tokens.join(self.imports.select("seq"), on="seq").with_columns(
+            tkey=pl.col("app_id") + SEP + pl.col("token"))
+        self.state_tokens = state["push_tokens"].select(
+            tkey=pl.col("app_id") + SEP + pl.col("token"), sid=pl.col("service_id"))
+
+    # --- static part ---------------------------------------------------------------------------
+    def _resolve_strong(self, regular: pl.DataFrame) -> None:
+        idx = pl.concat([
+            self.state["external_ids"].select(pl.lit("ext").alias("kind"), pl.col("external_id").alias("key"),
+                                              pl.col("service_id").alias("sid0")),
+            self.state["aliases"].select(pl.lit("alias").alias("kind"),
+                                         (pl.col("alias_label") + SEP + pl.col("alias_name")).alias("key"),
+                                         pl.col("service_id").alias("sid0")),
+        ])
+        strong = regular.filter(pl.col("kind").is_in(["ext", "alias"])).join(idx, on=["kind", "key"], how="left")
+        creators = (
+            strong.filter(pl.col("sid0").is_null() & pl.col("can_create"))
+            .group_by("kind", "key").agg(pl.col("seq").min().alias("cseq"))
+        )
+        strong = strong.join(creators, on=["kind", "key"], how="left").with_columns(
+            target=pl.coalesce("sid0", pl.when(pl.col("seq") >= pl.col("cseq")).then(_temp_id(pl.col("cseq"), pl.lit(0))))
+        )
+        self.strong_targets = strong.select("seq", "target")
+        self.strong_creations = creators.select(
+            temp=_temp_id(pl.col("cseq"), pl.lit(0)), seq="cseq", pos=pl.lit(0, pl.Int64), kind="kind", key="key")
+
+    # --- one pass of the fixed point -----------------------------------------------------------
+    def run(self) -> None:
+        dyn_targets = pl.DataFrame(schema={"seq": pl.Int64, "target": pl.String})
+        dyn_creations = self.strong_creations.clear()
+        rejected = pl.DataFrame(schema={"seq": pl.Int64, "error": pl.String})
+        for _ in range(self.dynamic.height + self.imports.height + 2):
+            self._timelines(dyn_targets, dyn_creations, rejected)
+            new_targets, new_creations = self._resolve_dynamic()
+            new_rejected = self._state_errors(new_targets, new_creations)
+            same = (
+                _same(new_targets, dyn_targets, ["seq"]) and _same(new_creations, dyn_creations, ["seq", "pos"])
+                and _same(new_rejected, rejected, ["seq"])
+            )
+            dyn_targets, dyn_creations, rejected = new_targets, new_creations, new_rejected
+            if same:
+                break
+        else:  # pragma: no cover - the loop bound is the proof's worst case
+            raise RuntimeError("track fixed point did not converge")
+        self._timelines(dyn_targets, dyn_creations, rejected)
+        self.rejected = rejected
+
+    def _timelines(self, dyn_targets: pl.DataFrame, dyn_creations: pl.DataFrame, rejected: pl.DataFrame) -> None:
+        v = self.valid
+        self.creations = pl.concat([self.strong_creations, dyn_creations]).sort("seq", "pos")
+        self.targeted = pl.concat([self.strong_targets, dyn_targets]).filter(pl.col("target").is_not_null())
+        self.rejected_prev = rejected
+        self.accepted = self.targeted.join(rejected, on="seq", how="anti")
+        acc = self.accepted
+        self.acc_fields = v.fields.join(acc, on="seq")
+        self.email_tl = pl.concat([
+            self.acc_fields.filter(pl.col("field") == "email").select(sid="target", seq="seq", email="value"),
+            self.creations.filter(pl.col("kind") == "email").select(sid="temp", seq="seq", email="key"),
+        ])
+        self.phone_tl = pl.concat([
+            self.acc_fields.filter(pl.col("field") == "phone").select(sid="target", seq="seq", phone="value"),
+            self.creations.filter(pl.col("kind") == "phone").select(sid="temp", seq="seq", phone="key"),
+        ])
+        created_tokens = self.creations.filter(pl.col("kind") == "import").join(
+            self.import_tokens.select("seq", "pos", "device_id"), on=["seq", "pos"])
+        self.owner_tl = pl.concat([
+            v.tokens.join(acc, on="seq").select(
+                tkey=pl.col("app_id") + SEP + pl.col("token"), seq="seq", pos="pos", sid="target",
+                device_id="device_id"),
+            created_tokens.select(tkey="key", seq="seq", pos="pos", sid="temp", device_id="device_id"),
+        ]).sort("tkey", "seq", "pos")
+        moved = (
+            self.owner_tl.with_columns(prev=pl.col("sid").shift(1).over("tkey"))
+            .join(self.state_tokens.rename({"sid": "state_owner"}), on="tkey", how="left")
+            .with_columns(prev=pl.coalesce("prev", "state_owner"))
+            .filter(pl.col("prev").is_not_null() & (pl.col("prev") != pl.col("sid")))
+            .select(sid="prev", seq="seq")
+        )
+        self._propagation()
+        self.upd_tl = pl.concat([
+            acc.select(sid="target", seq="seq"),
+            moved,
+            self.prop_subscribe.select("sid", "seq"),
+            self.prop_groups.select("sid", "seq"),
+            self.creations.filter(pl.col("kind") == "import").select(sid="temp", seq="seq"),
+        ]).unique()
+
+    def _email_at(self, rows: pl.DataFrame, *, inclusive: bool) -> pl.DataFrame:
+        """`rows` (sid, seq, ...) with `cur_email`: the profile's email at that moment."""
+        r = _asof(rows, self.email_tl, value="email", inclusive=inclusive)
+        r = r.join(self.prof.select("sid", pl.col("email").alias("state_email")), on="sid", how="left")
+        return r.with_columns(
+            cur_email=pl.when(pl.col("found")).then(pl.col("email")).otherwise(pl.col("state_email"))
+        ).drop("email", "state_email", "found")
+
+    def _propagation(self) -> None:
+        """Same-email propagation of email_subscribe and subscription groups (external_id only)."""
+        ext_acc = self.accepted.join(self.kind_of.filter(pl.col("kind") == "ext"), on="seq")
+        subs = self.acc_fields.join(ext_acc.select("seq"), on="seq").filter(
+            (pl.col("field") == "email_subscribe") & pl.col("value").is_not_null()
+        ).select("seq", sid="target", value="value")
+        groups = self.valid.groups.join(ext_acc, on="seq").select("seq", "pos", "group_id", "state", sid="target")
+        sources = pl.concat([subs.select("seq", "sid"), groups.select("seq", "sid")]).unique()
+        sources = self._email_at(sources, inclusive=True).filter(pl.col("cur_email").is_not_null())
+        holders = pl.concat([
+            self.prof.filter(pl.col("email").is_not_null()).select("sid", pl.col("email").alias("cur_email")),
+            self.email_tl.filter(pl.col("email").is_not_null()).select("sid", pl.col("email").alias("cur_email")),
+        ]).unique()
+        pairs = (
+            sources.rename({"sid": "source"}).join(holders, on="cur_email")
+            .filter(pl.col("sid") != pl.col("source"))
+            .select("sid", "seq", pl.col("cur_email").alias("want"))
+        )
+        pairs = self._email_at(pairs, inclusive=True).filter(pl.col("cur_email") == pl.col("want"))
+        targets = pairs.select("sid", "seq").join(sources.select("seq", pl.col("sid").alias("source")), on="seq")
+        self.prop_subscribe = targets.join(subs.select("seq", "value"), on="seq").select("sid", "seq", "value")
+        self.prop_groups = targets.join(groups.drop("sid"), on="seq").select("sid", "seq", "pos", "group_id", "state")
+
+    def _recency(self, pairs: pl.DataFrame) -> pl.DataFrame:
+        """(sid, seq) → the profile's recency key (ts, useq) just before seq."""
+        r = _asof(pairs, self.upd_tl.with_columns(u=pl.col("seq")), value="u", inclusive=False)
+        r = r.join(self.prof.select("sid", "updated_at", "update_seq"), on="sid", how="left")
+        return r.with_columns(
+            ts=pl.when(pl.col("found")).then(pl.lit(self.clock).cast(UTC_TS)).otherwise(pl.col("updated_at")),
+            useq=pl.when(pl.col("found")).then(pl.col("u") + self.gbase).otherwise(pl.col("update_seq")),
+        ).drop("u", "found", "updated_at", "update_seq")
+
+    def _resolve_by(self, kind: str) -> tuple[pl.DataFrame, pl.DataFrame]:
+        """Email- or phone-identified objects: (targets, creations)."""
+        objs = self.dynamic.filter(pl.col("kind") == kind).select("seq", "key", "can_create")
+        tl = self.email_tl if kind == "email" else self.phone_tl
+        holders = pl.concat([
+            self.prof.filter(pl.col(kind).is_not_null()).select("sid", pl.col(kind).alias("key")),
+            tl.filter(pl.col(kind).is_not_null()).select("sid", pl.col(kind).alias("key")),
+        ]).unique()
+        pairs = objs.join(holders, on="key")
+        cur = _asof(pairs, tl, value=kind, inclusive=False).join(
+            self.prof.select("sid", pl.col(kind).alias("state_value")), on="sid", how="left")
+        cur = cur.with_columns(
+            now=pl.when(pl.col("found")).then(pl.col(kind)).otherwise(pl.col("state_value"))
+        ).filter(pl.col("now") == pl.col("key")).select("seq", "sid")
+        ext_created = self.creations.filter(pl.col("kind") == "ext").select(sid="temp", created_ext=pl.lit(True))
+        ranked = (
+            self._recency(cur)
+            .join(self.prof.select("sid", "has_ext"), on="sid", how="left")
+            .join(ext_created, on="sid", how="left")
+            .with_columns(has_ext=pl.col("has_ext").fill_null(False) | pl.col("created_ext").fill_null(False))
+            .sort(["seq", "has_ext", "ts", "useq"], descending=[False, True, True, True], nulls_last=True)
+            .group_by("seq", maintain_order=True).agg(pl.col("sid").first().alias("target"))
+        )
+        resolved = objs.join(ranked, on="seq", how="left")
+        new = resolved.filter(pl.col("target").is_null() & pl.col("can_create"))
+        creations = new.select(temp=_temp_id(pl.col("seq"), pl.lit(0)), seq="seq", pos=pl.lit(0, pl.Int64),
+                               kind=pl.lit(kind), key="key")
+        targets = resolved.with_columns(
+            target=pl.coalesce("target", pl.when(pl.col("can_create")).then(_temp_id(pl.col("seq"), pl.lit(0))))
+        ).select("seq", "target")
+        return targets, creations
+
+    def _import_creations(self) -> pl.DataFrame:
+        """Push-import tokens held by nobody at that moment create anonymous profiles."""
+        t = self.import_tokens.select("seq", "pos", "tkey")
+        held_before = (
+            t.join(self.owner_tl.select("tkey", pl.col("seq").alias("oseq"), pl.col("pos").alias("opos")), on="tkey")
+            .filter((pl.col("oseq") < pl.col("seq")) | ((pl.col("oseq") == pl.col("seq")) & (pl.col("opos") < pl.col("pos"))))
+            .select("seq", "pos").unique()
+        )
+        new = (
+            t.join(self.state_tokens.select("tkey"), on="tkey", how="anti")
+            .join(held_before, on=["seq", "pos"], how="anti")
+        )
+        return new.select(temp=_temp_id(pl.col("seq"), pl.col("pos")), seq="seq", pos="pos",
+                          kind=pl.lit("import"), key="tkey")
+
+    def real_ids(self, creations: pl.DataFrame) -> pl.DataFrame:
+        """temp id → service_id, by creation order."""
+        c = creations.sort("seq", "pos").with_row_index("rank")
+        n = pl.Series(c["rank"].cast(pl.Int64) + self.state.next_profile_n)
+        return c.with_columns(n=n, service_id=service_ids(self.seed, n))
+
+    def _resolve_dynamic(self) -> tuple[pl.DataFrame, pl.DataFrame]:
+        et, ec = self._resolve_by("email")
+        pt, pc = self._resolve_by("phone")
+        ic = self._import_creations()
+        creations = pl.concat([ec, pc, ic]).sort("seq", "pos")
+        # service_id objects: existing profiles, or profiles created earlier in this batch
+        sid_objs = self.dynamic.filter(pl.col("kind") == "sid").select("seq", "key")
+        known = self.real_ids(pl.concat([self.strong_creations, creations])).select(
+            pl.col("service_id").alias("key"), pl.col("temp").alias("new_target"), pl.col("seq").alias("cseq"))
+        st = (
+            sid_objs.join(self.prof.select(pl.col("sid").alias("key"), pl.col("sid").alias("old_target")),
+                          on="key", how="left")
+            .join(known, on="key", how="left")
+            .with_columns(target=pl.coalesce("old_target", pl.when(pl.col("cseq") < pl.col("seq")).then("new_target")))
+            .select("seq", "target")
+        )
+        targets = pl.concat([et, pt, st]).sort("seq")
+        return targets, creations
+
+    def _state_errors(self, targets: pl.DataFrame, creations: pl.DataFrame) -> pl.DataFrame:
+        unknown = (
+            targets.join(self.dynamic.filter(pl.col("kind") == "sid").select("seq"), on="seq")
+            .filter(pl.col("target").is_null()).select("seq", error=pl.lit(ERR_UNKNOWN_SERVICE_ID))
+        )
+        ops = (
+            self.valid.custom.join(self.targeted, on="seq").rename({"target": "service_id"})
+            .join(self.rejected_prev.select("seq", applied=pl.lit(False)), on="seq", how="left")
+            .with_columns(pl.col("applied").fill_null(True))
+        )
+        errs = attribute_errors(ops, self.state["attributes"])
+        return pl.concat([unknown, errs]).sort("seq")
+
+
+def _same(a: pl.DataFrame, b: pl.DataFrame, key: list[str]) -> bool:
+    return a.height == b.height and a.sort(key).equals(b.sort(key))
+
+
+def apply_track(state: State, parsed: ParsedTrack, valid: ValidTrack, *, clock: datetime, seed: str) -> TrackOutcome:
+    """Apply a run of track requests to `state`: responses per request and the table changes."""
+    b = _Batch(state, parsed, valid, clock, seed)
+    b.run()
+    n_objects = int(parsed.objects["seq"].max() or 0) + 1 if parsed.objects.height else 0
+    changes, next_n = _changes(b)
+    return TrackOutcome(
+        responses=_responses(parsed, valid, b.rejected),
+        changes=changes,
+        next_profile_n=next_n,
+        next_update_seq=state.next_update_seq + n_objects,
+    )
+
+
+def _changes(b: _Batch) -> tuple[Changes, int]:
+    state, clock, gbase = b.state, b.clock, b.gbase
+    ids = b.real_ids(b.creations)
+    temps, reals = ids["temp"].to_list(), ids["service_id"].to_list()
+
+    def real(col: str) -> pl.Expr:
+        return pl.col(col).replace(temps, reals) if temps else pl.col(col)
+
+    changes = Changes()
+    now = pl.lit(clock).cast(UTC_TS)
+    # new profiles and their identifiers
+    new = ids.select(
+        service_id="service_id",
+        external_id=pl.when(pl.col("kind") == "ext").then("key"),
+        email=pl.when(pl.col("kind") == "email").then("key"),
+        phone=pl.when(pl.col("kind") == "phone").then("key"),
+        created_at=now, created_seq="n",
+        random_bucket=(pl.col("service_id").str.slice(0, 8).str.to_integer(base=16) % 10000).cast(pl.Int32),
+        push_anonymous=pl.col("kind") == "import",
+        language_explicit=pl.lit(False),
+    )
+    changes.upsert("external_ids", ids.filter(pl.col("kind") == "ext").select(
+        external_id="key", service_id="service_id", primary=pl.lit(True)))
+    alias_parts = pl.col("key").str.split_exact(SEP, 1)
+    changes.upsert("aliases", ids.filter(pl.col("kind") == "alias").select(
+        alias_label=alias_parts.struct.field("field_0"), alias_name=alias_parts.struct.field("field_1"),
+        service_id="service_id"))
+    # profile fields: last write per (user, field), propagated email states included
+    writes = pl.concat([
+        b.acc_fields.select(sid=real("target"), seq="seq", field="field", value="value"),
+        b.prop_subscribe.select(sid=real("sid"), seq="seq", field=pl.lit("email_subscribe"), value="value"),
+    ]).sort("seq")
+    updated = b.upd_tl.select(sid=real("sid"), seq="seq").group_by("sid").agg(pl.col("seq").max())
+    touched = pl.concat([updated.select("sid"), writes.select("sid").unique()]).unique()
+    base = pl.concat([
+        state["profiles"].join(touched, left_on="service_id", right_on="sid", how="semi"),
+        new,
+    ], how="diagonal_relaxed")
+    last = writes.group_by("sid", "field").agg(pl.col("value").last())
+    for field in last["field"].unique().to_list():
+        vals = last.filter(pl.col("field") == field).select(
+            pl.col("sid").alias("service_id"), pl.col("value").alias("_v"), _w=pl.lit(True))
+        base = base.join(vals, on="service_id", how="left")
+        v = pl.col("_v").str.json_decode(pl.List(pl.Float64)) if field == "last_coordinates" else pl.col("_v")
+        base = base.with_columns(pl.when(pl.col("_w")).then(v).otherwise(pl.col(field)).alias(field))
+        if field == "language":
+            base = base.with_columns(
+                language_explicit=pl.when(pl.col("_w")).then(pl.col("_v").is_not_null())
+                .otherwise(pl.col("language_explicit")))
+        base = base.drop("_v", "_w")
+    # push_opted_in_at: the clock, when push_subscribe changed to opted_in
+    push = (
+        writes.filter(pl.col("field") == "push_subscribe")
+        .join(state["profiles"].select(pl.col("service_id").alias("sid"), pl.col("push_subscribe").alias("old")),
+              on="sid", how="left")
+        .with_columns(prev=pl.col("value").shift(1).over("sid"), first=pl.int_range(pl.len()).over("sid") == 0)
+        .with_columns(prev=pl.when(pl.col("first")).then(pl.col("old")).otherwise(pl.col("prev")))
+        .filter((pl.col("value") == "opted_in") & (pl.col("prev").is_null() | (pl.col("prev") != "opted_in")))
+        .select(pl.col("sid").alias("service_id")).unique().with_columns(_opt=pl.lit(True))
+    )
+    base = base.join(push, on="service_id", how="left").with_columns(
+        push_opted_in_at=pl.when(pl.col("_opt")).then(now).otherwise(pl.col("push_opted_in_at"))).drop("_opt")
+    base = base.join(updated.rename({"sid": "service_id"}), on="service_id", how="left").with_columns(
+        updated_at=pl.when(pl.col("seq").is_not_null()).then(now).otherwise(pl.col("updated_at")),
+        update_seq=pl.when(pl.col("seq").is_not_null()).then(pl.col("seq") + gbase).otherwise(pl.col("update_seq")),
+    ).drop("seq")
+    changes.upsert("profiles", base)
+    # custom attributes
+    ops = b.valid.custom.join(b.accepted, on="seq").with_columns(service_id=real("target")).drop("target")
+    current = state["attributes"].join(ops.select("service_id", "name").unique(), on=["service_id", "name"], how="semi")
+    ups, dels = fold_attributes(ops, current)
+    changes.upsert("attributes", ups)
+    changes.delete("attributes", dels)
+    # subscription groups
+    groups = pl.concat([
+        b.valid.groups.join(b.accepted, on="seq").select(sid=real("target"), seq="seq", pos="pos",
+                                                          group_id="group_id", state="state"),
+        b.prop_groups.select(sid=real("sid"), seq="seq", pos="pos", group_id="group_id", state="state"),
+    ]).sort("seq", "pos")
+    changes.upsert("subscriptions", groups.group_by("sid", "group_id").agg(pl.col("state").last()).select(
+        service_id="sid", group_id="group_id", state="state"))
+    # push tokens: the last owner of each token
+    tok_parts = pl.col("tkey").str.split_exact(SEP, 1)
+    changes.upsert("push_tokens", b.owner_tl.sort("tkey", "seq", "pos").group_by("tkey").agg(
+        pl.col("sid").last(), pl.col("device_id").last(), pl.col("seq").last()
+    ).select(app_id=tok_parts.struct.field("field_0"), token=tok_parts.struct.field("field_1"),
+             device_id="device_id", service_id=real("sid"), update_seq=pl.col("seq") + gbase))
+    # event and purchase logs
+    for name, frame in (("events", b.valid.events), ("purchases", b.valid.purchases)):
+        changes.upsert(name, frame.join(b.accepted, on="seq").sort("seq").with_columns(
+            service_id=real("target"), update_seq=pl.col("seq") + gbase))
+    return changes, state.next_profile_n + ids.height
+
+
+def _responses(parsed: ParsedTrack, valid: ValidTrack, rejected: pl.DataFrame) -> dict[int, tuple[int, dict[str, Any]]]:
+    out: dict[int, tuple[int, dict[str, Any]]] = {}
+    for req, message in valid.fatal.iter_rows():  # one row per failed request, not per object
+        out[req] = (400, {"message": message, "errors": [message]})
+    objs = valid.objects.join(rejected.rename({"error": "dyn_error"}), on="seq", how="left").with_columns(
+        error=pl.coalesce("error", "dyn_error"))
+    counts = (
+        objs.filter(pl.col("error").is_null()).group_by("req", "arr").agg(pl.len().alias("n"))
+    )
+    errors = objs.filter(pl.col("error").is_not_null()).sort("seq").group_by("req", maintain_order=True).agg(
+        pl.struct(type="error", input_array=pl.col("arr").replace_strict(dict(enumerate(ARRAYS))), index="idx")
+        .alias("errors"))
+    count_map = {(r, a): n for r, a, n in counts.iter_rows()}
+    error_map = dict(errors.iter_rows())
+    sent = parsed.requests.join(valid.fatal, on="req", how="anti")
+    for row in sent.iter_rows(named=True):  # per request, to build its response body
+        body: dict[str, Any] = {"message": "success"}
+        for n, a in enumerate(ARRAYS):
+            if row[f"{a}_type"] == "ARRAY":
+                body[f"{a}_processed"] = count_map.get((row["req"], n), 0)
+        if row["req"] in error_map:
+            body["errors"] = error_map[row["req"]]
+        out[row["req"]] = (201, body)
+    return out

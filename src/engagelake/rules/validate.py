@@ -1,0 +1,404 @@
+"""Static validation of flattened track objects: fatal checks per request, the first non-fatal
+error per object, and the normalized operation tables the later rules consume.
+
+Every check is a Polars expression over the whole batch; the order of checks is the order of
+docs/semantics.md, expressed as `pl.coalesce` over per-check error columns.
+"""
+
+from __future__ import annotations
+
+import json
+import zoneinfo
+from dataclasses import dataclass
+from functools import cache
+
+import polars as pl
+
+from engagelake.rules import formats as F
+from engagelake.rules import messages as M
+from engagelake.rules.parse import ARRAYS, ParsedTrack
+from engagelake.rules.reference import COUNTRY_CODES, LANGUAGE_CODES
+from engagelake.store.schema import UTC_TS
+
+INTEGER_TYPES = ("BIGINT", "UBIGINT")
+NUMBER_TYPES = ("BIGINT", "UBIGINT", "DOUBLE")
+
+
+@dataclass(frozen=True)
+class ValidTrack:
+    """Track operations after static validation; only rows of statically valid objects remain
+    in the operation tables, while `objects` keeps every object with its `error`."""
+
+    fatal: pl.DataFrame  # req, message
+    objects: pl.DataFrame  # seq, req, arr, idx, error, kind, key, can_create, import_mode
+    fields: pl.DataFrame  # seq, field, value (normalized text; null clears)
+    custom: pl.DataFrame  # seq, kpos, name, op, value, inc, add, remove
+    tokens: pl.DataFrame  # seq, pos, app_id, token, device_id
+    groups: pl.DataFrame  # seq, pos, group_id, state
+    events: pl.DataFrame  # seq, name, time, app_id, properties
+    purchases: pl.DataFrame  # seq, product_id, currency, price, quantity, time, app_id, properties
+
+
+@cache
+def _time_zones() -> list[str]:
+    return sorted(zoneinfo.available_timezones())
+
+
+def _present(col: str) -> pl.Expr:
+    return pl.col(f"{col}_t").is_not_null() & (pl.col(f"{col}_t") != "NULL")
+
+
+def _err(cond: pl.Expr, message: str) -> pl.Expr:
+    return pl.when(cond).then(pl.lit(message))
+
+
+def fatal_errors(parsed: ParsedTrack) -> pl.DataFrame:
+    """The first fatal error of each request that has one: `req`, `message`."""
+    r = parsed.requests
+    checks: list[pl.Expr] = [
+        _err(pl.col("body_type") != "OBJECT", M.FATAL_BODY_NOT_OBJECT),
+        _err(pl.all_horizontal(pl.col(f"{a}_type").is_null() for a in ARRAYS), M.FATAL_NO_ARRAYS),
+    ]
+    for a in ARRAYS:
+        checks.append(_err(pl.col(f"{a}_type").is_not_null() & (pl.col(f"{a}_type") != "ARRAY"),
+                           M.FATAL_NOT_ARRAY.format(array=a)))
+        checks.append(_err(pl.col(f"{a}_len") > 75, M.FATAL_TOO_MANY.format(array=a)))
+        bad = (
+            parsed.objects.filter((pl.col("arr") == ARRAYS.index(a)) & (pl.col("obj_t") != "OBJECT"))
+            .group_by("req").agg(pl.col("idx").min().alias(f"{a}_bad"))
+        )
+        r = r.join(bad, on="req", how="left")
+        checks.append(
+            pl.when(pl.col(f"{a}_bad").is_not_null()).then(
+                pl.format(M.FATAL_ELEMENT_NOT_OBJECT.replace("{array}", a).replace("{index}", "{}"),
+                          pl.col(f"{a}_bad"))
+            )
+        )
+    blocked = (
+        parsed.objects.filter(
+            (pl.col("ext_t") == "VARCHAR")
+            & pl.col("ext").str.strip_chars().str.to_lowercase().is_in(list(M.BLOCKED_EXTERNAL_IDS))
+        ).select("req").unique().with_columns(blocked=pl.lit(True))
+    )
+    r = r.join(blocked, on="req", how="left")
+    checks.append(_err(pl.col("blocked").fill_null(False), M.FATAL_BLOCKED_EXTERNAL_ID))
+    return r.select("req", pl.coalesce(checks).alias("message")).filter(pl.col("message").is_not_null())
+
+
+def normalize_email(col: pl.Expr) -> pl.Expr:
+    """Trimmed, lower-cased email, or null when it is not a valid address."""
+    e = col.str.strip_chars().str.to_lowercase()
+    ok = e.str.contains(F.EMAIL_RE) & (e.str.len_chars() <= F.EMAIL_MAX)
+    return pl.when(ok).then(e)
+
+
+def normalize_phone(col: pl.Expr) -> pl.Expr:
+    """E.164 phone (`+digits`), or null when it is not valid."""
+    p = col.str.replace_all(F.PHONE_SEPARATORS_RE, "")
+    return pl.when(p.str.contains(F.PHONE_RE)).then(
+        pl.when(p.str.starts_with("+")).then(p).otherwise(pl.lit("+") + p)
+    )
+
+
+def parse_time(col: pl.Expr) -> pl.Expr:
+    """Parse the accepted time formats to UTC microseconds; null when invalid."""
+    c = col.str.extract_groups(F.TIME_RE)
+    base, frac, zone = c.struct.field("1"), c.struct.field("2"), c.struct.field("3")
+    frac = pl.when(frac.str.starts_with(":")).then(pl.lit(".") + frac.str.slice(1)).otherwise(frac)
+    zone = pl.when(zone == "Z").then(pl.lit("+00:00")).otherwise(
+        pl.when(zone.str.len_chars() == 5).then(zone.str.slice(0, 3) + pl.lit(":") + zone.str.slice(3))
+        .otherwise(zone)
+    )
+    text = base + frac.fill_null(".0") + zone
+    return text.str.to_datetime("%Y-%m-%dT%H:%M:%S%.f%:z", strict=False, time_unit="us").dt.convert_time_zone("UTC")
+
+
+def _identifier(objects: pl.DataFrame) -> pl.DataFrame:
+    """Identifier kind/key, identifier errors, and creation capability."""
+    n_strong = pl.sum_horizontal(_present(c).cast(pl.Int8) for c in ("ext", "alias", "sid"))
+    email_n = normalize_email(pl.col("email"))
+    phone_n = normalize_phone(pl.col("phone"))
+    alias_ok = (
+        (pl.col("alias_t") == "OBJECT")
+        & (pl.col("alias_name_t") == "VARCHAR") & (pl.col("alias_name") != "")
+        & (pl.col("alias_label_t") == "VARCHAR") & (pl.col("alias_label") != "")
+    )
+    kind = (
+        pl.when(n_strong > 1).then(None)
+        .when(_present("ext")).then(pl.lit("ext"))
+        .when(_present("alias")).then(pl.lit("alias"))
+        .when(_present("sid")).then(pl.lit("sid"))
+        .when(_present("email")).then(pl.lit("email"))
+        .when(_present("phone")).then(pl.lit("phone"))
+    )
+    id_error = (
+        pl.when(n_strong > 1).then(pl.lit(M.ERR_MULTIPLE_IDENTIFIERS))
+        .when(_present("ext") & ((pl.col("ext_t") != "VARCHAR") | (pl.col("ext") == ""))).then(pl.lit(M.ERR_EXTERNAL_ID))
+        .when(_present("alias") & ~alias_ok).then(pl.lit(M.ERR_USER_ALIAS))
+        .when(_present("sid") & ((pl.col("sid_t") != "VARCHAR") | (pl.col("sid") == ""))).then(pl.lit(M.ERR_SERVICE_ID))
+        .when(n_strong == 0).then(
+            pl.when(_present("email")).then(
+                pl.when((pl.col("email_t") != "VARCHAR") | email_n.is_null()).then(pl.lit(M.ERR_EMAIL)))
+            .when(_present("phone")).then(
+                pl.when((pl.col("phone_t") != "VARCHAR") | phone_n.is_null()).then(pl.lit(M.ERR_PHONE)))
+            .otherwise(pl.lit(M.ERR_MISSING_IDENTIFIER))
+        )
+    )
+    ueo = (pl.col("ueo_t") == "BOOLEAN").fill_null(False)
+    ueo_true = ueo & (pl.col("ueo") == "true").fill_null(False)
+    ueo_false = ueo & (pl.col("ueo") == "false").fill_null(False)
+    can_create = (
+        pl.when(pl.col("kind").is_in(["ext", "email", "phone"])).then(~ueo_true)
+        .when(pl.col("kind") == "alias").then((pl.col("arr") == 0) & ueo_false)
+        .otherwise(False)
+    )
+    key = (
+        pl.when(pl.col("kind") == "ext").then(pl.col("ext"))
+        .when(pl.col("kind") == "alias").then(pl.col("alias_label") + pl.lit("\x1f") + pl.col("alias_name"))
+        .when(pl.col("kind") == "sid").then(pl.col("sid"))
+        .when(pl.col("kind") == "email").then(email_n)
+        .when(pl.col("kind") == "phone").then(phone_n)
+    )
+    return (
+        objects.with_columns(kind=kind, id_error=id_error)
+        .with_columns(key=key, can_create=can_create.fill_null(False))
+    )
+
+
+def _field_errors(pairs: pl.DataFrame, objects: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Profile-field pairs: (first error per object, normalized field updates)."""
+    order = {f: i for i, f in enumerate(M.PROFILE_FIELD_ORDER)}
+    f = (
+        pairs.filter(pl.col("key").is_in(list(M.PROFILE_FIELD_ORDER)))
+        .join(objects.select("seq", "kind"), on="seq")
+        # an identifier is not a field update of its own object
+        .filter(~((pl.col("key") == pl.col("kind")) & pl.col("kind").is_in(["email", "phone"])))
+    )
+    is_null = pl.col("vt") == "NULL"
+    is_str = pl.col("vt") == "VARCHAR"
+    s = pl.col("vs")
+    key = pl.col("key")
+    value = (
+        pl.when(is_null).then(None)
+        .when(key == "email").then(normalize_email(s))
+        .when(key == "phone").then(normalize_phone(s))
+        .when(key == "country").then(s.str.to_uppercase())
+        .when(key == "language").then(s.str.to_lowercase())
+        .when(key == "last_coordinates").then(pl.col("v"))
+        .otherwise(s)
+    )
+    f = f.with_columns(value=value)
+    coords = pl.col("v").str.json_decode(pl.List(pl.Float64))
+    dob = s.str.to_date("%Y-%m-%d", strict=False)
+    bad = (
+        pl.when(is_null).then(None)
+        .when(key.is_in(list(M.STRING_FIELDS))).then(
+            _err(~is_str | (s.str.len_chars() > F.MAX_STRING), "")
+        )
+        .when(key == "email").then(_err(~is_str | pl.col("value").is_null(), M.ERR_EMAIL))
+        .when(key == "phone").then(_err(~is_str | pl.col("value").is_null(), M.ERR_PHONE))
+        .when(key == "dob").then(_err(~is_str | ~s.str.contains(F.DOB_RE) | dob.is_null(), M.ERR_DOB))
+        .when(key == "gender").then(_err(~is_str | ~s.is_in(list(M.GENDERS)), M.ERR_GENDER))
+        .when(key == "country").then(_err(~is_str | ~pl.col("value").is_in(sorted(COUNTRY_CODES)), M.ERR_COUNTRY))
+        .when(key == "language").then(_err(~is_str | ~pl.col("value").is_in(sorted(LANGUAGE_CODES)), M.ERR_LANGUAGE))
+        .when(key == "time_zone").then(_err(~is_str | ~s.is_in(_time_zones()), M.ERR_TIME_ZONE))
+        .when(key.is_in(["email_subscribe", "push_subscribe"])).then(
+            _err(~is_str | ~s.is_in(list(M.SUBSCRIBE_STATES)), ""))
+        .when(key == "last_coordinates").then(
+            _err(
+                (pl.col("vt") != "ARRAY")
+                | ~pl.col("v").str.contains(r"^\[\s*-?[0-9][0-9.eE+\-]*\s*,\s*-?[0-9][0-9.eE+\-]*\s*\]$")
+                | (coords.list.len() != 2).fill_null(True)
+                | (coords.list.get(0, null_on_oob=True).abs() > 180).fill_null(True)
+                | (coords.list.get(1, null_on_oob=True).abs() > 90).fill_null(True),
+                M.ERR_COORDINATES,
+            )
+        )
+    )
+    message = (
+        pl.when(bad == "").then(
+            pl.when(key.is_in(["email_subscribe", "push_subscribe"]))
+            .then(pl.format(M.ERR_SUBSCRIBE.replace("{field}", "{}"), key))
+            .otherwise(pl.format(M.ERR_FIELD_STRING.replace("{field}", "{}"), key))
+        ).otherwise(bad)
+    )
+    f = f.with_columns(error=message, forder=key.replace_strict(order, return_dtype=pl.Int32))
+    first = (
+        f.filter(pl.col("error").is_not_null()).sort("seq", "forder")
+        .group_by("seq", maintain_order=True).agg(pl.col("error").first().alias("field_error"))
+    )
+    return first, f.select("seq", pl.col("key").alias("field"), "value")
+
+
+def _depth_exceeds(values: pl.Series) -> pl.Series:
+    """Exact object-nesting check; called only on the rare values with more than 50 `{`."""
+
+    def depth(v: object) -> int:
+        if isinstance(v, dict):
+            return 1 + max((depth(x) for x in v.values()), default=0)
+        if isinstance(v, list):
+            return max((depth(x) for x in v), default=0)
+        return 0
+
+    return pl.Series([depth(json.loads(v)) > F.MAX_DEPTH for v in values], dtype=pl.Boolean)
+
+
+def _custom_ops(pairs: pl.DataFrame) -> pl.DataFrame:
+    """Custom-attribute pairs with their operation and first error per pair."""
+    c = pairs.filter(~pl.col("key").is_in(list(M.RESERVED_NAMES)))
+    okeys = pl.col("okeys")
+    is_inc = (pl.col("vt") == "OBJECT") & (okeys.list.len() == 1) & (okeys.list.first() == "inc")
+    is_arr = (
+        (pl.col("vt") == "OBJECT") & (okeys.list.len() > 0)
+        & okeys.list.eval(pl.element().is_in(["add", "remove"])).list.all()
+    )
+    op = (
+        pl.when(pl.col("vt") == "NULL").then(pl.lit("unset"))
+        .when(is_inc).then(pl.lit("inc"))
+        .when(is_arr).then(pl.lit("arr"))
+        .otherwise(pl.lit("set"))
+    )
+    c = c.with_columns(op=op)
+    deep_candidates = c.filter(pl.col("v").str.count_matches("{", literal=True) > F.MAX_DEPTH)
+    deep = deep_candidates.select("seq", "kpos").with_columns(
+        too_deep=_depth_exceeds(deep_candidates["v"])
+    )
+    c = c.join(deep, on=["seq", "kpos"], how="left").with_columns(pl.col("too_deep").fill_null(False))
+    name = pl.col("key")
+    error = pl.coalesce(
+        _err((name == "") | (name.str.len_chars() > F.MAX_NAME) | name.str.starts_with("$"), M.ERR_ATTRIBUTE_NAME),
+        _err((pl.col("vt") == "VARCHAR") & (pl.col("vs").str.len_chars() > F.MAX_STRING), M.ERR_ATTRIBUTE_STRING),
+        _err((pl.col("op") == "inc") & pl.col("inc").is_null(), M.ERR_INC_VALUE),
+        _err(
+            (pl.col("op") == "arr")
+            & ((pl.col("add_t").is_not_null() & (pl.col("add_t") != "ARRAY"))
+               | (pl.col("remove_t").is_not_null() & (pl.col("remove_t") != "ARRAY"))),
+            M.ERR_ADD_REMOVE_VALUE,
+        ),
+        _err(pl.col("too_deep"), M.ERR_ATTRIBUTE_DEPTH),
+    )
+    return c.with_columns(error=error).select(
+        "seq", "kpos", pl.col("key").alias("name"), "op", pl.col("v").alias("value"), "vt",
+        "inc", "add", "remove", "error",
+    )
+
+
+def _list_errors(frame: pl.DataFrame, ok: pl.Expr, message: str, objects: pl.DataFrame, col: str) -> pl.DataFrame:
+    """Per object: error when the key is not an array or any element is malformed."""
+    bad_elem = frame.filter(~ok.fill_null(False)).select("seq").unique()
+    not_array = objects.filter(_present(col) & (pl.col(f"{col}_t") != "ARRAY")).select("seq")
+    return pl.concat([bad_elem, not_array]).unique().with_columns(pl.lit(message).alias(f"{col}_error"))
+
+
+def validate_track(parsed: ParsedTrack) -> ValidTrack:
+    """Run every static check over a parsed batch."""
+    fatal = fatal_errors(parsed)
+    objects = parsed.objects.join(fatal, on="req", how="anti").pipe(_identifier)
+    import_mode = ((pl.col("arr") == 0) & (pl.col("pti_t") == "BOOLEAN") & (pl.col("pti") == "true")).fill_null(False)
+    objects = objects.with_columns(import_mode=import_mode)
+
+    tok_ok = (
+        (pl.col("elem_t") == "OBJECT")
+        & (pl.col("app_id_t") == "VARCHAR") & (pl.col("app_id") != "")
+        & (pl.col("token_t") == "VARCHAR") & (pl.col("token") != "")
+        & (pl.col("device_id_t").is_null() | pl.col("device_id_t").is_in(["VARCHAR", "NULL"]))
+    )
+    grp_ok = (
+        (pl.col("elem_t") == "OBJECT")
+        & (pl.col("subscription_group_id_t") == "VARCHAR") & (pl.col("subscription_group_id") != "")
+        & (pl.col("subscription_state_t") == "VARCHAR")
+        & pl.col("subscription_state").is_in(list(M.GROUP_STATES))
+    )
+    tok_err = _list_errors(parsed.tokens, tok_ok, M.ERR_PUSH_TOKENS, objects, "tokens")
+    grp_err = _list_errors(parsed.groups, grp_ok, M.ERR_SUBSCRIPTION_GROUPS, objects, "groups")
+    field_err, fields = _field_errors(parsed.pairs, objects)
+    custom = _custom_ops(parsed.pairs)
+    custom_err = (
+        custom.filter(pl.col("error").is_not_null()).sort("seq", "kpos")
+        .group_by("seq", maintain_order=True).agg(pl.col("error").first().alias("custom_error"))
+    )
+    time = parse_time(pl.col("time"))
+    objects = (
+        objects.join(tok_err, on="seq", how="left").join(grp_err, on="seq", how="left")
+        .join(field_err, on="seq", how="left").join(custom_err, on="seq", how="left")
+        .with_columns(time_utc=pl.when(pl.col("time_t") == "VARCHAR").then(time).cast(UTC_TS))
+    )
+    app_err = _err(_present("app_id") & (pl.col("app_id_t") != "VARCHAR"), M.ERR_APP_ID)
+    props_err = pl.coalesce(
+        _err(_present("props") & (pl.col("props_t") != "OBJECT"), M.ERR_PROPERTIES),
+        _err(
+            pl.col("props_keys").list.eval(
+                (pl.element() == "") | (pl.element().str.len_chars() >= F.MAX_NAME) | pl.element().str.starts_with("$")
+            ).list.any().fill_null(False),
+            M.ERR_PROPERTY_NAME,
+        ),
+        _err(
+            pl.col("props").str.len_bytes()
+            > pl.when(pl.col("props_nested").fill_null(False)).then(F.PROPS_MAX_NESTED).otherwise(F.PROPS_MAX_FLAT),
+            M.ERR_PROPERTIES_SIZE,
+        ),
+    )
+    time_err = _err(pl.col("time_utc").is_null(), M.ERR_TIME)
+    attributes_err = pl.when(pl.col("import_mode")).then(pl.col("tokens_error")).otherwise(
+        pl.coalesce(
+            _err(_present("ueo") & (pl.col("ueo_t") != "BOOLEAN"), M.ERR_UPDATE_EXISTING_ONLY),
+            pl.col("id_error"), "field_error", "tokens_error", "groups_error", "custom_error",
+        )
+    )
+    common = pl.coalesce(
+        _err(_present("ueo") & (pl.col("ueo_t") != "BOOLEAN"), M.ERR_UPDATE_EXISTING_ONLY),
+        pl.col("id_error"),
+    )
+    events_err = pl.coalesce(
+        common,
+        _err((pl.col("name_t") != "VARCHAR").fill_null(True) | (pl.col("name") == "")
+             | (pl.col("name").str.len_chars() > F.MAX_NAME), M.ERR_EVENT_NAME),
+        time_err, app_err, props_err,
+    )
+    qty_t = pl.col("quantity_t")
+    purchases_err = pl.coalesce(
+        common,
+        _err((pl.col("product_id_t") != "VARCHAR").fill_null(True) | (pl.col("product_id") == "")
+             | (pl.col("product_id").str.len_chars() > F.MAX_NAME), M.ERR_PRODUCT_ID),
+        _err((pl.col("currency_t") != "VARCHAR").fill_null(True) | ~pl.col("currency").str.contains(F.CURRENCY_RE),
+             M.ERR_CURRENCY),
+        _err(~pl.col("price_t").is_in(list(NUMBER_TYPES)).fill_null(False), M.ERR_PRICE),
+        _err(
+            _present("quantity")
+            & (~qty_t.is_in(list(INTEGER_TYPES))
+               | ~pl.col("quantity").cast(pl.Int64, strict=False).is_between(1, 100).fill_null(False)),
+            M.ERR_QUANTITY,
+        ),
+        time_err, app_err, props_err,
+    )
+    pti_err = _err((pl.col("arr") == 0) & _present("pti") & (pl.col("pti_t") != "BOOLEAN"), M.ERR_PUSH_TOKEN_IMPORT)
+    objects = objects.with_columns(
+        error=pl.coalesce(
+            pti_err,
+            pl.when(pl.col("arr") == 0).then(attributes_err)
+            .when(pl.col("arr") == 1).then(events_err)
+            .otherwise(purchases_err),
+        )
+    )
+    valid = objects.filter(pl.col("error").is_null())
+    valid_attr = valid.filter((pl.col("arr") == 0) & ~pl.col("import_mode")).select("seq")
+    valid_any_attr = valid.filter(pl.col("arr") == 0).select("seq")
+    events = valid.filter(pl.col("arr") == 1).select(
+        "seq", "name", pl.col("time_utc").alias("time"), "app_id", pl.col("props").alias("properties"))
+    purchases = valid.filter(pl.col("arr") == 2).select(
+        "seq", "product_id", "currency", pl.col("price").cast(pl.Float64).alias("price"),
+        pl.col("quantity").cast(pl.Int64, strict=False).fill_null(1).alias("quantity"),
+        pl.col("time_utc").alias("time"), "app_id", pl.col("props").alias("properties"))
+    return ValidTrack(
+        fatal=fatal,
+        objects=objects.select("seq", "req", "arr", "idx", "error", "kind", "key", "can_create", "import_mode"),
+        fields=fields.join(valid_attr, on="seq", how="semi"),
+        custom=custom.join(valid_attr, on="seq", how="semi").drop("error"),
+        tokens=parsed.tokens.join(valid_any_attr, on="seq", how="semi").select(
+            "seq", "pos", "app_id", "token", "device_id"),
+        groups=parsed.groups.join(valid_attr, on="seq", how="semi").select(
+            "seq", "pos", pl.col("subscription_group_id").alias("group_id"),
+            pl.col("subscription_state").alias("state")),
+        events=events,
+        purchases=purchases,
+    )

@@ -1,0 +1,178 @@
+"""The store: Delta Lake tables under one URI, and the batch commit protocol.
+
+Every table is an append-only Delta log: keyed tables get one row per changed key per batch
+(`_batch`, `_deleted` tombstones); the current view is the newest row per key. A batch never
+rewrites existing files, so it costs what it writes, whatever the size of the store.
+
+Atomicity across tables: the `_ledger` table is the commit point. A batch appends to each table
+(one Delta commit each), then appends one ledger row naming every table's version. Readers load
+each table at the version the last ledger row names, so they never see half a batch. A writer
+that finds a table ahead of the ledger (a crash between the two steps) restores it to the
+ledger's version before writing; the batch then simply runs again.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import orjson
+import polars as pl
+from deltalake import DeltaTable, write_deltalake
+
+from engagelake.errors import StoreError
+from engagelake.rules.state import Changes, State
+from engagelake.store.schema import KEYS, SCHEMAS, TABLES, UTC_TS
+
+LEDGER = "_ledger"
+LEDGER_SCHEMA = {
+    "batch_no": pl.Int64(),
+    "batch_key": pl.String(),
+    "committed_at": UTC_TS,
+    "versions": pl.String(),  # JSON {table: version}
+    "next_profile_n": pl.Int64(),
+    "next_update_seq": pl.Int64(),
+    "seed": pl.String(),
+    "responses": pl.String(),  # JSON [[status, body], ...]
+}
+CRASH_ENV = "ENGAGELAKE_CRASH_AT"
+
+
+def _failpoint(name: str) -> None:
+    """Kill this process at a named point of the commit protocol (crash tests only)."""
+    if os.environ.get(CRASH_ENV) == name:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _stored_schema(name: str) -> dict[str, pl.DataType]:
+    return {**SCHEMAS[name], "_batch": pl.Int64(), "_deleted": pl.Boolean()}
+
+
+@dataclass(frozen=True)
+class Head:
+    """The last committed batch: what readers see."""
+
+    batch_no: int
+    versions: dict[str, int]
+    next_profile_n: int
+    next_update_seq: int
+    seed: str
+
+
+class DeltaStore:
+    """Thin layer over `deltalake`: table paths, reads at pinned versions, the commit protocol."""
+
+    def __init__(self, uri: str | Path, *, seed: str | None = None):
+        self.uri = str(uri)
+        if "://" not in self.uri:
+            Path(self.uri).mkdir(parents=True, exist_ok=True)
+        if not DeltaTable.is_deltatable(self._path(LEDGER)):
+            self._create(seed or uuid.uuid4().hex)
+        self.head = self._read_head()
+        self._recover()
+
+    def _path(self, name: str) -> str:
+        return f"{self.uri.rstrip('/')}/{name}"
+
+    def _create(self, seed: str) -> None:
+        versions = {}
+        for name in TABLES:
+            write_deltalake(self._path(name), pl.DataFrame(schema=_stored_schema(name)).to_arrow(), mode="overwrite")
+            versions[name] = DeltaTable(self._path(name)).version()
+        self._append_ledger(0, None, versions, 0, 0, seed, [])
+
+    def _append_ledger(self, batch_no: int, key: str | None, versions: dict[str, int], next_n: int,
+                       next_seq: int, seed: str, responses: list[Any]) -> None:
+        row = pl.DataFrame(
+            {
+                "batch_no": [batch_no], "batch_key": [key], "committed_at": [datetime.now(UTC)],
+                "versions": [orjson.dumps(versions).decode()], "next_profile_n": [next_n],
+                "next_update_seq": [next_seq], "seed": [seed],
+                "responses": [orjson.dumps(responses).decode()],
+            },
+            schema=LEDGER_SCHEMA,
+        )
+        write_deltalake(self._path(LEDGER), row.to_arrow(), mode="append")
+
+    def _ledger(self, columns: list[str]) -> pl.DataFrame:
+        table = DeltaTable(self._path(LEDGER)).to_pyarrow_table(columns=columns)
+        frame = pl.from_arrow(table)
+        assert isinstance(frame, pl.DataFrame)
+        return frame
+
+    def _read_head(self) -> Head:
+        row = self._ledger(["batch_no", "versions", "next_profile_n", "next_update_seq", "seed"]).sort(
+            "batch_no").tail(1)
+        if row.height == 0:
+            raise StoreError(f"store at {self.uri} has an empty ledger; it was not created by engagelake")
+        r = row.row(0, named=True)
+        return Head(r["batch_no"], orjson.loads(r["versions"]), r["next_profile_n"], r["next_update_seq"], r["seed"])
+
+    def _recover(self) -> None:
+        """Roll back tables that hold writes of a batch that never reached the ledger."""
+        for name, version in self.head.versions.items():
+            table = DeltaTable(self._path(name))
+            if table.version() > version:
+                table.restore(version)
+
+    def refresh(self) -> bool:
+        """Re-read the ledger; True when another writer committed since."""
+        head = self._read_head()
+        changed = head.batch_no != self.head.batch_no
+        self.head = head
+        return changed
+
+    def read_table(self, name: str) -> pl.DataFrame:
+        """The current view of one table at the committed version."""
+        arrow = DeltaTable(self._path(name), version=self.head.versions[name]).to_pyarrow_table()
+        frame = pl.from_arrow(arrow)
+        assert isinstance(frame, pl.DataFrame)
+        key = KEYS[name]
+        if key is not None:
+            frame = (
+                frame.sort("_batch", maintain_order=True)
+                .unique(subset=list(key), keep="last", maintain_order=True)
+                .filter(~pl.col("_deleted"))
+            )
+        return frame.sort("_batch", maintain_order=True).drop("_batch", "_deleted")
+
+    def load(self) -> State:
+        return State(
+            {name: self.read_table(name) for name in TABLES},
+            next_profile_n=self.head.next_profile_n,
+            next_update_seq=self.head.next_update_seq,
+        )
+
+    def find_batch(self, key: str) -> list[Any] | None:
+        """Stored responses of the committed batch with this idempotency key, if any."""
+        hit = self._ledger(["batch_key", "responses"]).filter(pl.col("batch_key") == key)
+        return orjson.loads(hit["responses"][0]) if hit.height else None
+
+    def commit(self, changes: Changes, *, key: str | None, responses: list[Any], next_profile_n: int,
+               next_update_seq: int) -> None:
+        """Write one batch: every table's rows, then the ledger row that makes them visible."""
+        batch_no = self.head.batch_no + 1
+        versions = dict(self.head.versions)
+        _failpoint("before_tables")
+        for name, (ups, dels) in changes.merged().items():
+            parts = []
+            if ups is not None:
+                parts.append(ups.with_columns(_batch=pl.lit(batch_no, pl.Int64), _deleted=pl.lit(False)))
+            if dels is not None:
+                parts.append(dels.with_columns(_batch=pl.lit(batch_no, pl.Int64), _deleted=pl.lit(True)))
+            rows = pl.concat(parts, how="diagonal_relaxed").select(
+                [pl.col(c).cast(t) if c in parts[0].columns or c in parts[-1].columns else pl.lit(None).cast(t).alias(c)
+                 for c, t in _stored_schema(name).items()]
+            )
+            write_deltalake(self._path(name), rows.to_arrow(), mode="append")
+            versions[name] = DeltaTable(self._path(name)).version()
+            _failpoint(f"after_table:{name}")
+        _failpoint("before_ledger")
+        self._append_ledger(batch_no, key, versions, next_profile_n, next_update_seq, self.head.seed, responses)
+        _failpoint("after_ledger")
+        self.head = Head(batch_no, versions, next_profile_n, next_update_seq, self.head.seed)

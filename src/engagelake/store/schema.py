@@ -1,0 +1,79 @@
+"""Schemas and keys of the store's tables: one place that names every column."""
+
+from __future__ import annotations
+
+import polars as pl
+
+UTC_TS = pl.Datetime("us", "UTC")
+
+PROFILE_STRING_FIELDS = (
+    "first_name", "last_name", "email", "phone", "dob", "gender", "country", "language",
+    "home_city", "time_zone", "email_subscribe", "push_subscribe", "attributed_campaign",
+    "attributed_source", "attributed_adgroup", "attributed_ad",
+)
+
+SCHEMAS: dict[str, dict[str, pl.DataType]] = {
+    "profiles": {
+        "service_id": pl.String(),
+        "external_id": pl.String(),
+        "created_at": UTC_TS,
+        "created_seq": pl.Int64(),
+        "updated_at": UTC_TS,
+        "update_seq": pl.Int64(),
+        "random_bucket": pl.Int32(),
+        **{name: pl.String() for name in PROFILE_STRING_FIELDS},
+        "language_explicit": pl.Boolean(),
+        "last_coordinates": pl.List(pl.Float64()),
+        "push_opted_in_at": UTC_TS,
+        "push_anonymous": pl.Boolean(),
+    },
+    # every external ID that resolves: the primary one of each user, and deprecated ones
+    "external_ids": {"external_id": pl.String(), "service_id": pl.String(), "primary": pl.Boolean()},
+    "aliases": {"alias_label": pl.String(), "alias_name": pl.String(), "service_id": pl.String()},
+    # one row per user and custom attribute; value is compact JSON text
+    "attributes": {"service_id": pl.String(), "name": pl.String(), "value": pl.String()},
+    "subscriptions": {"service_id": pl.String(), "group_id": pl.String(), "state": pl.String()},
+    "push_tokens": {
+        "app_id": pl.String(), "token": pl.String(), "device_id": pl.String(),
+        "service_id": pl.String(), "update_seq": pl.Int64(),
+    },
+    "events": {
+        "service_id": pl.String(), "name": pl.String(), "time": UTC_TS, "app_id": pl.String(),
+        "properties": pl.String(), "update_seq": pl.Int64(),
+    },
+    "purchases": {
+        "service_id": pl.String(), "product_id": pl.String(), "currency": pl.String(),
+        "price": pl.Float64(), "quantity": pl.Int64(), "time": UTC_TS, "app_id": pl.String(),
+        "properties": pl.String(), "update_seq": pl.Int64(),
+    },
+}
+
+# Key columns of state tables (latest row per key wins in the append logs); None = append-only log.
+KEYS: dict[str, tuple[str, ...] | None] = {
+    "profiles": ("service_id",),
+    "external_ids": ("external_id",),
+    "aliases": ("alias_label", "alias_name"),
+    "attributes": ("service_id", "name"),
+    "subscriptions": ("service_id", "group_id"),
+    "push_tokens": ("app_id", "token"),
+    "events": None,
+    "purchases": None,
+}
+
+TABLES = tuple(SCHEMAS)
+
+
+def empty(name: str) -> pl.DataFrame:
+    """An empty frame with the table's schema."""
+    return pl.DataFrame(schema=SCHEMAS[name])
+
+
+def conform(name: str, frame: pl.DataFrame) -> pl.DataFrame:
+    """Select and cast the table's columns in schema order (missing ones become null)."""
+    schema = SCHEMAS[name]
+    return frame.select(
+        [
+            (pl.col(c) if c in frame.columns else pl.lit(None)).cast(t).alias(c)
+            for c, t in schema.items()
+        ]
+    )

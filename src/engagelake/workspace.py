@@ -1,0 +1,188 @@
+"""The one contract: `Workspace.open(uri)`, then `call` one request or `apply` many.
+
+`call` is `apply` of one request, so the fast path and the one-by-one path are the same code.
+`apply` splits a batch into runs of track requests (one vectorized pass each) separated by
+reads (exports see every earlier request of the batch), then commits the batch atomically.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import orjson
+import polars as pl
+import pyarrow as pa
+
+from engagelake.rules import messages as M
+from engagelake.rules.export import export_frame, export_ids
+from engagelake.rules.parse import parse_track
+from engagelake.rules.state import Changes, State, apply_changes
+from engagelake.rules.track import apply_track
+from engagelake.rules.validate import validate_track
+from engagelake.store.delta import DeltaStore
+from engagelake.store.schema import TABLES
+
+Clock = Callable[[], datetime]
+ROUTES: dict[str, dict[str, str]] = {
+    "/users/track": {"POST": "track"},
+    "/users/export/ids": {"POST": "export"},
+}
+
+
+@dataclass(frozen=True)
+class Response:
+    status: int
+    body: dict[str, Any] | None
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+class _Bad(Exception):
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.response = Response(status, {"message": message})
+
+
+def _route(request: Any) -> tuple[str, Any]:
+    """(endpoint name, decoded body) of one request, or raise _Bad with its answer."""
+    if not isinstance(request, dict) or not isinstance(request.get("path"), str):
+        raise _Bad(400, "a request must be an object with string method and path")
+    method = str(request.get("method", "")).upper()
+    path = "/" + request["path"].strip("/")
+    methods = ROUTES.get(path)
+    if methods is None:
+        raise _Bad(404, M.NOT_FOUND.format(method=method, path=path))
+    if method not in methods:
+        raise _Bad(405, M.METHOD_NOT_ALLOWED.format(method=method, path=path, allowed=", ".join(methods)))
+    body = request.get("body")
+    if isinstance(body, str | bytes):
+        try:
+            body = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            raise _Bad(400, M.BAD_JSON) from None
+    return methods[method], body
+
+
+class Workspace:
+    """A customer-engagement store and the API over it."""
+
+    def __init__(self, store: DeltaStore, clock: Clock, *, fields_required: bool):
+        self.store = store
+        self.clock = clock
+        self.fields_required = fields_required
+        self._state = store.load()
+
+    @classmethod
+    def open(cls, uri: str | Path, *, clock: Clock | None = None, seed: str | None = None,
+             fields_required: bool = True) -> Workspace:
+        """Open (or create) the store at `uri`. `clock()` gives aware datetimes; `seed` fixes
+        the service_id sequence of a new store; `fields_required` is the export setting."""
+        return cls(DeltaStore(uri, seed=seed), clock or _now, fields_required=fields_required)
+
+    @property
+    def state(self) -> State:
+        if self.store.refresh():
+            self._state = self.store.load()
+        return self._state
+
+    # --- requests ------------------------------------------------------------------------------
+    def call(self, method: str, path: str, body: Any = None, query: dict[str, Any] | None = None) -> Response:
+        """One request: exactly `apply([request])[0]`."""
+        return self.apply([{"method": method, "path": path, "body": body, "query": query}])[0]
+
+    def apply(self, requests: Iterable[dict[str, Any]], *, idempotency_key: str | None = None) -> list[Response]:
+        """Apply many requests in order, as one atomic batch; same result as one by one."""
+        if idempotency_key is not None:
+            stored = self.store.find_batch(idempotency_key)
+            if stored is not None:
+                return [Response(s, b) for s, b in stored]
+        state = self.state
+        clock = self.clock()
+        requests = list(requests)
+        responses: list[Response | None] = [None] * len(requests)
+        all_changes = Changes()
+        pending: list[tuple[int, Any]] = []
+
+        def flush() -> None:
+            nonlocal state
+            if not pending:
+                return
+            state = self._track(state, pending, responses, all_changes, clock)
+            pending.clear()
+
+        for i, request in enumerate(requests):
+            try:
+                endpoint, body = _route(request)
+            except _Bad as bad:
+                responses[i] = bad.response
+                continue
+            if endpoint == "track":
+                pending.append((i, body))
+            else:
+                flush()
+                status, out = export_ids(state, body, clock, fields_required=self.fields_required)
+                responses[i] = Response(status, out)
+        flush()
+        final = [r for r in responses if r is not None]
+        assert len(final) == len(requests)
+        if all_changes.upserts or all_changes.deletes or idempotency_key is not None:
+            self.store.commit(
+                all_changes, key=idempotency_key, responses=[[r.status, r.body] for r in final],
+                next_profile_n=state.next_profile_n, next_update_seq=state.next_update_seq,
+            )
+        self._state = state
+        return final
+
+    def _track(self, state: State, pending: list[tuple[int, Any]], responses: list[Response | None],
+               all_changes: Changes, clock: datetime) -> State:
+        bodies = pa.table({
+            "req": pa.array(range(len(pending)), pa.int64()),
+            "body": [orjson.dumps(body).decode() for _, body in pending],
+        })
+        parsed = parse_track(bodies)
+        valid = validate_track(parsed)
+        outcome = apply_track(state, parsed, valid, clock=clock, seed=self.store.head.seed)
+        for req, (status, body) in outcome.responses.items():
+            responses[pending[req][0]] = Response(status, body)
+        for name, frames in outcome.changes.upserts.items():
+            for f in frames:
+                all_changes.upsert(name, f)
+        for name, frames in outcome.changes.deletes.items():
+            for f in frames:
+                all_changes.delete(name, f)
+        return apply_changes(state, outcome.changes, next_profile_n=outcome.next_profile_n,
+                             next_update_seq=outcome.next_update_seq)
+
+    # --- reading -------------------------------------------------------------------------------
+    def table_names(self) -> list[str]:
+        return list(TABLES)
+
+    def table(self, name: str) -> pl.DataFrame:
+        """The current rows of one store table."""
+        if name not in TABLES:
+            raise KeyError(f"no table {name!r}; tables: {', '.join(TABLES)}")
+        return self.state[name]
+
+    def sql(self, query: str) -> pl.DataFrame:
+        """Run DuckDB SQL over the current tables (named as in `table_names()`)."""
+        con = duckdb.connect()
+        try:
+            for name in TABLES:
+                con.register(name, self.state[name].to_arrow())
+            out = pl.from_arrow(con.sql(query).to_arrow_table())
+        finally:
+            con.close()
+        assert isinstance(out, pl.DataFrame)
+        return out
+
+    def export_users(self, fields_to_export: list[str] | None = None) -> list[dict[str, Any]]:
+        """Every user, shaped as `/users/export/ids` shapes them, in creation order."""
+        users = self.state["profiles"].sort("created_seq").select("service_id")
+        return export_frame(self.state, users, fields_to_export, self.clock())

@@ -1,0 +1,161 @@
+"""Shared helpers for the end-to-end rule tests: open a store, call the API, read exports.
+
+Everything goes through `Workspace.call` / `Workspace.apply`; `ws.table(...)` is used only where
+the API has no view of the state (profile counts, subscription groups).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from engagelake import Response, Workspace
+from engagelake.rules.messages import EXPORT_FIELDS
+
+NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
+SEED = "t"
+TRACK = "/users/track"
+EXPORT = "/users/export/ids"
+ALL_FIELDS = list(EXPORT_FIELDS)
+
+
+class Clock:
+    """A clock the test can move: `Workspace.open(..., clock=clock)` reads `clock()`."""
+
+    def __init__(self, now: datetime = NOW) -> None:
+        self.now = now
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def advance(self, **delta: float) -> datetime:
+        self.now = self.now + timedelta(**delta)
+        return self.now
+
+
+def open_ws(tmp_path: Path, name: str = "store", *, clock: Any = None, seed: str = SEED) -> Workspace:
+    """A fresh store under `tmp_path` with the fixed clock (or the given one) and seed."""
+    return Workspace.open(tmp_path / name, clock=clock or (lambda: NOW), seed=seed)
+
+
+def service_id(n: int, seed: str = SEED) -> str:
+    """The service_id of the n-th profile created in a store (n from 0)."""
+    return hashlib.sha256(f"{seed}:{n}".encode()).hexdigest()[:24]
+
+
+def random_bucket(sid: str) -> int:
+    return int(sid[:8], 16) % 10000
+
+
+def ts(moment: datetime) -> str:
+    """A moment as the export formats it: ISO 8601 UTC with milliseconds."""
+    moment = moment.astimezone(UTC)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+
+
+def iso(moment: datetime) -> str:
+    """A moment as an event or purchase `time` (ISO 8601 with `Z`)."""
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def alias(name: str, label: str = "crm") -> dict[str, str]:
+    return {"alias_name": name, "alias_label": label}
+
+
+def event(name: str = "played", when: datetime = NOW, **fields: Any) -> dict[str, Any]:
+    """An event object; pass the identifier as a keyword (external_id="u1", email=..., ...)."""
+    return {"name": name, "time": iso(when), **fields}
+
+
+def purchase(
+    product_id: str = "sku", price: float = 10.0, when: datetime = NOW, **fields: Any
+) -> dict[str, Any]:
+    return {"product_id": product_id, "currency": "USD", "price": price, "time": iso(when), **fields}
+
+
+def track(ws: Workspace, **arrays: Any) -> Response:
+    """POST /users/track with the given arrays (attributes=[...], events=[...], purchases=[...])."""
+    return ws.call("POST", TRACK, body=arrays)
+
+
+def track_ok(ws: Workspace, **arrays: Any) -> dict[str, Any]:
+    """Track and assert a 201 without non-fatal errors; returns the body."""
+    r = track(ws, **arrays)
+    assert r.status == 201, r
+    assert r.body is not None and "errors" not in r.body, r.body
+    return r.body
+
+
+def errors(r: Response) -> list[dict[str, Any]]:
+    """The non-fatal errors of a track response (asserts the request itself succeeded)."""
+    assert r.status == 201, r
+    assert r.body is not None and r.body["message"] == "success", r.body
+    return r.body.get("errors", [])
+
+
+def err(type_: str, input_array: str, index: int) -> dict[str, Any]:
+    return {"type": type_, "input_array": input_array, "index": index}
+
+
+def only_error(r: Response, type_: str, input_array: str = "attributes", index: int = 0) -> None:
+    """Assert the response carries exactly this one non-fatal error."""
+    assert errors(r) == [err(type_, input_array, index)], r.body
+
+
+def export(ws: Workspace, fields: list[str] | None = None, **identifiers: Any) -> Response:
+    """POST /users/export/ids; `fields=None` leaves `fields_to_export` out."""
+    body: dict[str, Any] = dict(identifiers)
+    if fields is not None:
+        body["fields_to_export"] = fields
+    return ws.call("POST", EXPORT, body=body)
+
+
+def export_users(ws: Workspace, fields: list[str], **identifiers: Any) -> list[dict[str, Any]]:
+    r = export(ws, fields, **identifiers)
+    assert r.status == 200, r
+    assert r.body is not None
+    return r.body["users"]
+
+
+def export_one(ws: Workspace, external_id: str, fields: list[str]) -> dict[str, Any] | None:
+    """The exported user with that external ID, or None when no user has it."""
+    users = export_users(ws, fields, external_ids=[external_id])
+    assert len(users) <= 1, users
+    return users[0] if users else None
+
+
+def export_alias(ws: Workspace, user_alias: dict[str, str], fields: list[str]) -> dict[str, Any] | None:
+    users = export_users(ws, fields, user_aliases=[user_alias])
+    assert len(users) <= 1, users
+    return users[0] if users else None
+
+
+def custom_attributes(ws: Workspace, external_id: str) -> dict[str, Any]:
+    """The custom attributes of an existing user ({} when it has none)."""
+    user = export_one(ws, external_id, ["external_id", "custom_attributes"])
+    assert user is not None, f"no user {external_id!r}"
+    return user.get("custom_attributes", {})
+
+
+def field(ws: Workspace, external_id: str, name: str) -> Any:
+    """One exported field of an existing user (None when absent)."""
+    user = export_one(ws, external_id, ["external_id", name])
+    assert user is not None, f"no user {external_id!r}"
+    return user.get(name)
+
+
+def exists(ws: Workspace, external_id: str) -> bool:
+    return export_one(ws, external_id, ["external_id"]) is not None
+
+
+def profile_count(ws: Workspace) -> int:
+    return ws.table("profiles").height
+
+
+def group_states(ws: Workspace, group_id: str) -> dict[str, str]:
+    """service_id -> state of one subscription group (the API has no read path for groups)."""
+    df = ws.table("subscriptions")
+    rows = df.filter(df["group_id"] == group_id).select("service_id", "state").rows()
+    return dict(rows)
