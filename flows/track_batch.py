@@ -9,6 +9,7 @@ responses files are rewritten with the same content. A changed file is a new bat
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -45,9 +46,9 @@ def apply_batch(workspace: Workspace, batch: RequestFile) -> list[Response]:
 
 
 @task(name="write-responses", **IO_TASK_OPTIONS)
-def write_responses(batch: RequestFile, responses: list[Response]) -> AppliedFile:
+def write_responses(batch: RequestFile, responses: list[Response], seconds: float) -> AppliedFile:
     """Write `<stem>.responses.ndjson` beside the request file."""
-    return write_responses_file(batch, responses)
+    return write_responses_file(batch, responses, seconds=seconds)
 
 
 @flow(name="track_batch")
@@ -66,11 +67,17 @@ def track_batch(
     applied: list[AppliedFile] = []
     for path in find_request_files(folder):
         batch = read_requests(path)
+        started = time.perf_counter()
         responses = apply_batch(workspace, quote(batch))
-        result = write_responses(quote(batch), quote(responses))
+        seconds = time.perf_counter() - started
+        result = write_responses(quote(batch), quote(responses), seconds)
         logger.info(
-            "%s: %d requests, statuses %s, %d non-fatal errors",
-            path.name, result.requests, result.statuses, result.errors,
+            "%s: %d requests in %.2f s, statuses %s, %d non-fatal errors",
+            path.name,
+            result.requests,
+            seconds,
+            result.statuses,
+            result.errors,
         )
         applied.append(result)
         if on_file_applied is not None:

@@ -129,8 +129,14 @@ def parse_time(v: Any) -> datetime | None:
                 return None
             tz = timezone(-offset if zone[0] == "-" else offset)
         dt = datetime(
-            day.year, day.month, day.day, int(match["h"]), int(match["mi"]), int(match["s"]),
-            micro, tzinfo=tz,
+            day.year,
+            day.month,
+            day.day,
+            int(match["h"]),
+            int(match["mi"]),
+            int(match["s"]),
+            micro,
+            tzinfo=tz,
         )
     except ValueError:
         return None
@@ -172,7 +178,7 @@ def cap(values: list[Any]) -> list[Any]:
 
 
 def attribute_op(value: Any) -> str:
-    """"inc", "array" (add/remove) or "set"."""
+    """ "inc", "array" (add/remove) or "set"."""
     if isinstance(value, dict):
         keys = set(value)
         if keys == {"inc"}:
@@ -431,7 +437,7 @@ class Model:
         self.profiles: list[dict] = []  # creation order; none is ever deleted here
         self.created = 0  # profiles ever created (the n of service_id)
         self.seq = 0  # store-wide update_seq counter, one step per applied object
-        self.now: datetime = clock()
+        self.now = datetime.min.replace(tzinfo=UTC)  # the reading of the current batch
 
     # -- dispatch -----------------------------------------------------------------------------
 
@@ -771,8 +777,12 @@ class Model:
         if sum(body.get(f) is not None for f in ("device_id", "email_address", "phone")) > 1:
             return m.EXPORT_ONE_OF
         # DECISION: empty external_ids / user_aliases arrays do not count as identifiers.
-        if not ext and not aliases and all(
-            body.get(f) is None for f in ("service_id", "device_id", "email_address", "phone")
+        if (
+            not ext
+            and not aliases
+            and all(
+                body.get(f) is None for f in ("service_id", "device_id", "email_address", "phone")
+            )
         ):
             return m.EXPORT_NO_IDENTIFIER
         fields = body.get("fields_to_export")
@@ -832,7 +842,11 @@ class Model:
         return 200, out
 
     def export_users(self, fields_to_export: list[str] | None = None) -> list[dict]:
-        """Every user in creation order, shaped like an export (all fields when None)."""
+        """Every user in creation order, shaped like an export (all fields when None).
+
+        The clock is read once, for the 90-day window.
+        """
+        self.now = self.clock()
         return [self._export_user(p, fields_to_export) for p in self.profiles]
 
     def _export_user(self, p: dict, fields_to_export: list[str] | None) -> dict:
@@ -872,7 +886,9 @@ class Model:
                 for t in p["push_tokens"]
             ]
             devices = list(
-                dict.fromkeys(t["device_id"] for t in p["push_tokens"] if t["device_id"] is not None)
+                dict.fromkeys(
+                    t["device_id"] for t in p["push_tokens"] if t["device_id"] is not None
+                )
             )
             if devices:
                 full["devices"] = [{"device_id": d} for d in devices]

@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
+from tests.model import EXPORT_PATH, TRACK_PATH, Model, service_id_for
 
 from engagelake.rules.messages import EXPORT_FIELDS
-from tests.model import EXPORT_PATH, TRACK_PATH, Model, service_id_for
 
 try:
     from engagelake import Workspace
@@ -83,7 +83,7 @@ def weighted(*pairs: tuple[int, st.SearchStrategy]) -> st.SearchStrategy:
 
 def pick(values: list[Any]) -> st.SearchStrategy:
     """One of the values, deep-copied so that no two objects share a mutable value."""
-    return st.sampled_from(values).map(copy.deepcopy)
+    return st.sampled_from(values).map(lambda v: v if v is ABSENT else copy.deepcopy(v))
 
 
 def drop_absent(obj: dict) -> dict:
@@ -91,74 +91,108 @@ def drop_absent(obj: dict) -> dict:
 
 
 # --- identifiers -----------------------------------------------------------------------------
+SHARED_EMAILS = EMAILS[:4]  # ann and bob, in several spellings: profiles end up sharing them
 identifiers = weighted(
-    (8, pick(EXTERNAL_IDS).map(lambda v: {"external_id": v})),
-    (2, pick(ALIASES).map(lambda v: {"user_alias": v})),
+    (10, pick(EXTERNAL_IDS).map(lambda v: {"external_id": v})),
+    (
+        6,
+        st.tuples(pick(EXTERNAL_IDS), pick(SHARED_EMAILS)).map(
+            lambda t: {"external_id": t[0], "email": t[1]}
+        ),
+    ),
+    (3, pick(ALIASES).map(lambda v: {"user_alias": v})),
     (2, pick(SERVICE_IDS).map(lambda v: {"service_id": v})),
-    (4, pick(EMAILS).map(lambda v: {"email": v})),
+    (5, pick(EMAILS).map(lambda v: {"email": v})),
     (2, pick(PHONES).map(lambda v: {"phone": v})),
     (1, st.tuples(pick(EMAILS), pick(PHONES)).map(lambda t: {"email": t[0], "phone": t[1]})),
-    (1, st.just({"email": BAD_EMAIL})),
-    (1, st.just({"phone": BAD_PHONE})),
-    (1, pick(EXTERNAL_IDS).map(lambda v: {"external_id": v, "user_alias": ALIASES[0]})),
-    (1, st.just({"external_id": 42})),
-    (1, st.just({"user_alias": {"alias_name": "a1"}})),
-    (1, st.just({"first_name": "nobody"})),  # no identifier
-    (1, pick(EXTERNAL_IDS).map(lambda v: {"external_id": v, "email": EMAILS[2]})),
     (1, pick(EMAILS).map(lambda v: {"external_id": None, "email": v})),
+    (
+        2,
+        pick(
+            [
+                {"email": BAD_EMAIL},
+                {"phone": BAD_PHONE},
+                {"external_id": "u1", "user_alias": ALIASES[0]},
+                {"service_id": SERVICE_IDS[0], "external_id": "u2"},
+                {"external_id": 42},
+                {"user_alias": {"alias_name": "a1"}},
+                {"service_id": ""},
+                {"first_name": "nobody"},  # no identifier at all
+            ]
+        ),
+    ),
 )
-update_only = weighted((6, st.just(ABSENT)), (2, st.just(True)), (2, st.just(False)),
-                       (1, st.just("yes")), (1, st.just(None)))
+update_only = weighted(
+    (8, st.just(ABSENT)),
+    (2, st.just(True)),
+    (3, st.just(False)),
+    (1, pick(["yes", None])),
+)
 
 # --- attributes ------------------------------------------------------------------------------
-FIELD_VALUES: dict[str, list[Any]] = {
-    "first_name": ["Ann", "Bo", None, 7, "x" * 256],
-    "last_name": ["Lee", ""],
-    "email": [*EMAILS, BAD_EMAIL, None],
-    "phone": [*PHONES, BAD_PHONE, None],
-    "dob": ["1990-02-28", "2000-02-29", "1990-02-30", "1990/01/01", None],
-    "gender": ["F", "M", "P", "m", None],
-    "country": ["us", "DE", "XX", None],
-    "language": ["EN", "fr", "zz", None],
-    "home_city": ["Paris", None],
-    "time_zone": ["Europe/Paris", "America/New_York", "Mars/Base", None],
-    "push_subscribe": ["opted_in", "opted_in", "subscribed", "unsubscribed", "maybe", None],
-    "last_coordinates": [[2.35, 48.85], [-74, 40], [200, 0], [1.0], None],
-    "attributed_campaign": ["spring", None],
+# valid values (null included: it clears the field), then invalid ones
+FIELD_VALUES: dict[str, tuple[list[Any], list[Any]]] = {
+    "first_name": (["Ann", "Bo", None], [7, "x" * 256]),
+    "last_name": (["Lee", ""], [["Lee"]]),
+    "email": ([*EMAILS, None], [BAD_EMAIL]),
+    "phone": ([*PHONES, None], [BAD_PHONE]),
+    "dob": (["1990-02-28", "2000-02-29", None], ["1990-02-30", "1990/01/01"]),
+    "gender": (["F", "M", "P", None], ["m", "X"]),
+    "country": (["us", "DE", None], ["XX", "usa"]),
+    "language": (["EN", "fr", None], ["zz", "eng"]),
+    "home_city": (["Paris", None], [3]),
+    "time_zone": (["Europe/Paris", "America/New_York", None], ["Mars/Base", "europe/paris"]),
+    "push_subscribe": (["opted_in", "opted_in", "subscribed", "unsubscribed", None], ["maybe"]),
+    "last_coordinates": ([[2.35, 48.85], [-74, 40], None], [[200, 0], [1.0], [1, "2"]]),
+    "attributed_campaign": (["spring", None], [False]),
 }
+
+
+def field_value(field: str) -> st.SearchStrategy:
+    valid, invalid = FIELD_VALUES[field]
+    return weighted((8, pick(valid)), (1, pick(invalid)))
+
+
 CUSTOM_NAMES = ["score", "tags", "prefs", "nick", "stays"]
 ARRAY_POOL: list[Any] = ["a", "b", "c", 1, 1.0, True, {"k": 1}]
 STAYS = [{"hotel": "h1", "nights": 2}, {"hotel": "h2", "nights": 1}]
 
 small_arrays = st.lists(pick(ARRAY_POOL), max_size=5)
 custom_values = weighted(
-    (3, pick(["gold", "silver", 3, -2, 1.5, True, False, ""])),
+    (4, pick(["gold", "silver", 3, -2, 1.5, True, False, ""])),
     (2, st.just(None)),
-    (1, st.just("x" * 256)),
     (3, small_arrays),
-    (1, st.just(copy.deepcopy(STAYS))),
+    (1, pick([STAYS])),  # an array of objects
     (1, pick([{"k": 1}, {"k": {"j": "v"}}, {"inc": 1, "x": 2}, {}])),
-    (3, st.integers(-3, 5).map(lambda n: {"inc": n})),
-    (1, pick([{"inc": 1.5}, {"inc": "1"}, {"inc": True}])),
-    (2, small_arrays.map(lambda v: {"add": v})),
+    (4, st.integers(-3, 5).map(lambda n: {"inc": n})),
+    (3, small_arrays.map(lambda v: {"add": v})),
     (2, small_arrays.map(lambda v: {"remove": v})),
     (1, st.tuples(small_arrays, small_arrays).map(lambda t: {"add": t[0], "remove": t[1]})),
-    (1, pick([{"add": "a"}, {"remove": None}])),
-    (1, st.just(list(range(505)))),  # over the 500 cap
-    (1, st.just({"add": [1000, 1001, 0]})),
+    (1, pick([list(range(505)), {"add": [1000, 1001, 0]}])),  # the 500 cap
+    (
+        1,
+        pick(
+            ["x" * 256, {"inc": 1.5}, {"inc": "1"}, {"inc": True}, {"add": "a"}, {"remove": None}]
+        ),
+    ),
 )
 subscription_groups = weighted(
-    (4, st.lists(
-        st.fixed_dictionaries({
-            "subscription_group_id": pick(["g1", "g2"]),
-            "subscription_state": pick(["subscribed", "unsubscribed"]),
-        }),
-        max_size=2,
-    )),
+    (
+        8,
+        st.lists(
+            st.fixed_dictionaries(
+                {
+                    "subscription_group_id": pick(["g1", "g2"]),
+                    "subscription_state": pick(["subscribed", "unsubscribed"]),
+                }
+            ),
+            max_size=2,
+        ),
+    ),
     (1, st.just([{"subscription_group_id": "g1", "subscription_state": "opted_in"}])),
 )
 push_tokens = weighted(
-    (5, st.lists(pick(TOKENS), min_size=1, max_size=2)),
+    (8, st.lists(pick(TOKENS), min_size=1, max_size=2)),
     (1, st.just([])),
     (1, pick(BAD_TOKENS)),
 )
@@ -169,19 +203,21 @@ def attributes_objects(draw: st.DrawFn) -> dict:
     obj: dict[str, Any] = dict(draw(identifiers))
     obj["_update_existing_only"] = draw(update_only)
     for field in draw(st.lists(st.sampled_from(sorted(FIELD_VALUES)), max_size=3, unique=True)):
-        obj[field] = draw(pick(FIELD_VALUES[field]))
-    if draw(st.integers(0, 3)) == 0:
+        obj[field] = draw(field_value(field))
+    if draw(st.integers(0, 2)) == 0:
         obj["email_subscribe"] = draw(
-            pick(["subscribed", "unsubscribed", "opted_in", "opted_in", "bogus", None])
+            weighted(
+                (10, pick(["subscribed", "unsubscribed", "opted_in"])), (1, pick(["bogus", None]))
+            )
         )
     if draw(st.integers(0, 4)) == 0:
         obj["subscription_groups"] = draw(subscription_groups)
     if draw(st.integers(0, 3)) == 0:
         obj["push_tokens"] = draw(push_tokens)
-    if draw(st.integers(0, 9)) == 0:
-        obj["push_token_import"] = draw(pick([False, "yes"]))
+    if draw(st.integers(0, 14)) == 0:
+        obj["push_token_import"] = draw(pick([False, False, "yes"]))
     names = draw(st.lists(st.sampled_from(CUSTOM_NAMES), max_size=3, unique=True))
-    if draw(st.integers(0, 15)) == 0:
+    if draw(st.integers(0, 30)) == 0:
         names.append("$bad")
     for name in names:
         obj[name] = draw(custom_values)
@@ -191,8 +227,11 @@ def attributes_objects(draw: st.DrawFn) -> dict:
 @st.composite
 def push_import_objects(draw: st.DrawFn) -> dict:
     obj: dict[str, Any] = {"push_token_import": True}
-    obj["push_tokens"] = draw(weighted((6, st.lists(pick(TOKENS), max_size=3)),
-                                       (1, pick(BAD_TOKENS)), (1, st.just(ABSENT))))
+    obj["push_tokens"] = draw(
+        weighted(
+            (6, st.lists(pick(TOKENS), max_size=3)), (1, pick(BAD_TOKENS)), (1, st.just(ABSENT))
+        )
+    )
     if draw(st.booleans()):  # ignored beside push_token_import: true
         obj.update(draw(identifiers))
         obj["nick"] = "ignored"
@@ -224,23 +263,27 @@ valid_times = st.builds(
     st.integers(0, 3),
 )
 times = weighted(
-    (12, valid_times),
+    (20, valid_times),
     (1, st.just("2026-08-24T00:00:00Z")),  # exactly clock - 90 days: inside
     (1, pick(["yesterday", "2026-11-22 10:00:00Z", "2026-13-01T00:00:00Z", 12345, ABSENT])),
 )
 properties = weighted(
-    (4, st.just(ABSENT)),
-    (2, pick([{"a": 1}, {"nested": {"x": [1, 2]}}, {}, None])),
+    (6, st.just(ABSENT)),
+    (4, pick([{"a": 1}, {"nested": {"x": [1, 2]}}, {}, None])),
     (1, pick([{"$x": 1}, "str", {"": 2}])),
 )
-app_ids = weighted((4, st.just(ABSENT)), (2, st.just("app1")), (1, st.just(3)))
+app_ids = weighted((8, st.just(ABSENT)), (4, st.just("app1")), (1, st.just(3)))
+
+
+def mostly(valid: list[Any], invalid: list[Any]) -> st.SearchStrategy:
+    return weighted((20, pick(valid)), (1, pick(invalid)))
 
 
 @st.composite
 def event_objects(draw: st.DrawFn) -> dict:
     obj: dict[str, Any] = dict(draw(identifiers))
     obj["_update_existing_only"] = draw(update_only)
-    obj["name"] = draw(weighted((8, pick(["open", "buy", "open"])), (1, pick(["", 5, ABSENT]))))
+    obj["name"] = draw(mostly(["open", "buy", "open"], ["", 5, ABSENT]))
     obj["time"] = draw(times)
     obj["app_id"] = draw(app_ids)
     obj["properties"] = draw(properties)
@@ -251,11 +294,10 @@ def event_objects(draw: st.DrawFn) -> dict:
 def purchase_objects(draw: st.DrawFn) -> dict:
     obj: dict[str, Any] = dict(draw(identifiers))
     obj["_update_existing_only"] = draw(update_only)
-    obj["product_id"] = draw(weighted((8, pick(["sku1", "sku2"])), (1, pick(["", ABSENT]))))
-    obj["currency"] = draw(weighted((8, pick(["USD", "EUR"])), (1, pick(["usd", ABSENT]))))
-    obj["price"] = draw(weighted((8, pick([9.99, 5, 0.1, 0, 12.5])), (1, pick(["5", True, ABSENT]))))
-    obj["quantity"] = draw(weighted((4, st.just(ABSENT)), (4, pick([1, 3, 100])),
-                                    (1, pick([0, 101, 2.5]))))
+    obj["product_id"] = draw(mostly(["sku1", "sku2"], ["", ABSENT]))
+    obj["currency"] = draw(mostly(["USD", "EUR"], ["usd", ABSENT]))
+    obj["price"] = draw(mostly([9.99, 5, 0.1, 0, 12.5], ["5", True, ABSENT]))
+    obj["quantity"] = draw(mostly([ABSENT, ABSENT, 1, 3, 100], [0, 101, 2.5]))
     obj["time"] = draw(times)
     obj["app_id"] = draw(app_ids)
     obj["properties"] = draw(properties)
@@ -266,8 +308,14 @@ def purchase_objects(draw: st.DrawFn) -> dict:
 @st.composite
 def track_bodies(draw: st.DrawFn) -> dict:
     body: dict[str, Any] = {}
-    arrays = draw(st.lists(st.sampled_from(["attributes", "events", "purchases"]),
-                           min_size=1, max_size=3, unique=True))
+    arrays = draw(
+        st.lists(
+            st.sampled_from(["attributes", "events", "purchases"]),
+            min_size=1,
+            max_size=3,
+            unique=True,
+        )
+    )
     for array in ["attributes", "events", "purchases"]:
         if array not in arrays:
             continue
@@ -287,8 +335,12 @@ def fatal_track_bodies(draw: st.DrawFn) -> Any:
     if kind == 0:
         return {"attributes": [{"external_id": "u1", "n": {"inc": 1}}] * 76}
     if kind == 1:
-        return {"events": [{"external_id": "u1", "name": "open", "time": "2026-11-21T00:00:00Z"},
-                           "not an object"]}
+        return {
+            "events": [
+                {"external_id": "u1", "name": "open", "time": "2026-11-21T00:00:00Z"},
+                "not an object",
+            ]
+        }
     if kind == 2:
         return {"attributes": draw(pick(["x", None, {"external_id": "u1"}]))}
     if kind == 3:
@@ -303,11 +355,17 @@ def fatal_track_bodies(draw: st.DrawFn) -> Any:
 @st.composite
 def export_bodies(draw: st.DrawFn) -> Any:
     body: dict[str, Any] = {}
-    if draw(st.booleans()):
-        body["external_ids"] = draw(st.lists(st.sampled_from([*EXTERNAL_IDS, "nobody"]),
-                                             max_size=3, unique=True))
+    if draw(st.integers(0, 3)) > 0:
+        body["external_ids"] = draw(
+            st.lists(
+                st.sampled_from([*EXTERNAL_IDS, *EXTERNAL_IDS, "nobody"]),
+                min_size=1,
+                max_size=4,
+                unique=True,
+            )
+        )
     if draw(st.integers(0, 2)) == 0:
-        idx = draw(st.lists(st.integers(0, 2), max_size=2, unique=True))
+        idx = draw(st.lists(st.integers(0, 2), min_size=1, max_size=2, unique=True))
         extra = {"alias_name": "zz", "alias_label": "crm"}
         body["user_aliases"] = [copy.deepcopy([*ALIASES, extra][i]) for i in idx]
     if draw(st.integers(0, 3)) == 0:
@@ -319,14 +377,15 @@ def export_bodies(draw: st.DrawFn) -> Any:
         body["email_address"] = draw(pick([*EMAILS, BAD_EMAIL, "nobody@example.com"]))
     elif which == 2:
         body["phone"] = draw(pick([*PHONES, BAD_PHONE]))
-    fields = draw(weighted(
-        (6, st.lists(st.sampled_from(EXPORT_FIELDS), min_size=1, max_size=8, unique=True)),
-        (3, st.just(list(EXPORT_FIELDS))),
-        (1, pick([ABSENT, "email", ["email", "bogus", "nope"], None])),
-    ))
-    body["fields_to_export"] = fields
+    body["fields_to_export"] = draw(
+        weighted(
+            (10, st.lists(st.sampled_from(EXPORT_FIELDS), min_size=1, max_size=8, unique=True)),
+            (10, st.just(list(EXPORT_FIELDS))),
+            (1, pick([ABSENT, "email", ["email", "bogus", "nope"], None, []])),
+        )
+    )
     body = drop_absent(body)
-    broken = draw(st.integers(0, 14))
+    broken = draw(st.integers(0, 49))
     if broken == 0:
         body["external_ids"] = "u1"
     elif broken == 1:
@@ -336,19 +395,24 @@ def export_bodies(draw: st.DrawFn) -> Any:
     elif broken == 3:
         body["user_aliases"] = [{"alias_name": "a1"}]
     elif broken == 4:
-        return draw(pick([[], None, "x"]))
+        return draw(pick([[], None, "x", "{}"]))
     return body
 
 
 requests = weighted(
-    (10, track_bodies().map(lambda b: {"method": "POST", "path": TRACK_PATH, "body": b})),
-    (1, fatal_track_bodies().map(lambda b: {"method": "POST", "path": TRACK_PATH, "body": b})),
-    (3, export_bodies().map(lambda b: {"method": "POST", "path": EXPORT_PATH, "body": b})),
-    (1, pick([
-        {"method": "GET", "path": TRACK_PATH, "body": None},
-        {"method": "GET", "path": EXPORT_PATH, "body": None},
-        {"method": "POST", "path": "/users/nope", "body": {}},
-    ])),
+    (20, track_bodies().map(lambda b: {"method": "POST", "path": TRACK_PATH, "body": b})),
+    (2, fatal_track_bodies().map(lambda b: {"method": "POST", "path": TRACK_PATH, "body": b})),
+    (6, export_bodies().map(lambda b: {"method": "POST", "path": EXPORT_PATH, "body": b})),
+    (
+        1,
+        pick(
+            [
+                {"method": "GET", "path": TRACK_PATH, "body": None},
+                {"method": "GET", "path": EXPORT_PATH, "body": None},
+                {"method": "POST", "path": "/users/nope", "body": {}},
+            ]
+        ),
+    ),
 )
 request_sequences = st.lists(requests, min_size=1, max_size=8)
 
@@ -362,9 +426,16 @@ def to_json(value: Any) -> str:
 def assert_same(actual: Any, expected: Any, what: str) -> None:
     got, want = to_json(actual), to_json(expected)
     if got != want:
-        diff = "\n".join(difflib.unified_diff(
-            want.splitlines(), got.splitlines(), "model", "engine", lineterm="", n=2,
-        ))
+        diff = "\n".join(
+            difflib.unified_diff(
+                want.splitlines(),
+                got.splitlines(),
+                "model",
+                "engine",
+                lineterm="",
+                n=2,
+            )
+        )
         raise AssertionError(f"{what}: engine differs from model\n{diff[:6000]}")
 
 
@@ -397,8 +468,11 @@ engine_only = pytest.mark.skipif(Workspace is None, reason="engagelake.Workspace
 SETTINGS = settings(
     max_examples=40,
     deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
-                           HealthCheck.data_too_large],
+    suppress_health_check=[
+        HealthCheck.too_slow,
+        HealthCheck.function_scoped_fixture,
+        HealthCheck.data_too_large,
+    ],
 )
 
 

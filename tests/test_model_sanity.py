@@ -7,10 +7,10 @@ from datetime import UTC, datetime
 
 import pytest
 from hypothesis import HealthCheck, given, settings
-
-from engagelake.rules import messages as m
 from tests.model import EXPORT_PATH, TRACK_PATH, Model, random_bucket_for, service_id_for
 from tests.test_model_property import request_sequences
+
+from engagelake.rules import messages as m
 
 CLOCK = datetime(2026, 11, 22, tzinfo=UTC)
 
@@ -43,8 +43,9 @@ def test_unknown_path_and_wrong_method(model: Model) -> None:
     assert body == {"message": m.NOT_FOUND.format(method="POST", path="/users/nope")}
     status, body = model.call("GET", TRACK_PATH)
     assert status == 405
-    assert body == {"message": m.METHOD_NOT_ALLOWED.format(
-        method="GET", path=TRACK_PATH, allowed="POST")}
+    assert body == {
+        "message": m.METHOD_NOT_ALLOWED.format(method="GET", path=TRACK_PATH, allowed="POST")
+    }
     assert model.call("POST", TRACK_PATH, "{not json") == (400, {"message": m.BAD_JSON})
 
 
@@ -56,14 +57,20 @@ def test_unknown_path_and_wrong_method(model: Model) -> None:
         ({}, m.FATAL_NO_ARRAYS),
         ({"attributes": None}, m.FATAL_NOT_ARRAY.format(array="attributes")),
         ({"attributes": [{}] * 76}, m.FATAL_TOO_MANY.format(array="attributes")),
-        ({"attributes": [], "events": [{}, 3]},
-         m.FATAL_ELEMENT_NOT_OBJECT.format(array="events", index=1)),
+        (
+            {"attributes": [], "events": [{}, 3]},
+            m.FATAL_ELEMENT_NOT_OBJECT.format(array="events", index=1),
+        ),
         # per array: not-array, too many, element; attributes before events
-        ({"attributes": [1], "events": "x"},
-         m.FATAL_ELEMENT_NOT_OBJECT.format(array="attributes", index=0)),
+        (
+            {"attributes": [1], "events": "x"},
+            m.FATAL_ELEMENT_NOT_OBJECT.format(array="attributes", index=0),
+        ),
         ({"events": [{"external_id": " Guest ", "name": "x"}]}, m.FATAL_BLOCKED_EXTERNAL_ID),
-        ({"attributes": [{"push_token_import": True, "external_id": "NULL"}]},
-         m.FATAL_BLOCKED_EXTERNAL_ID),
+        (
+            {"attributes": [{"push_token_import": True, "external_id": "NULL"}]},
+            m.FATAL_BLOCKED_EXTERNAL_ID,
+        ),
     ],
 )
 def test_fatal(model: Model, body, message: str) -> None:
@@ -172,7 +179,10 @@ def test_ordered_set_semantics(model: Model) -> None:
     track(model, attributes=[{"external_id": "u1", "t": {"add": ["d"], "remove": ["d", True]}}])
     assert json.dumps(custom(model, "u1")["t"]) == json.dumps(["a", 1.0, "b", "c"])
     # missing attribute counts as []
-    track(model, attributes=[{"external_id": "u1", "new": {"remove": ["x"]}, "o": {"add": [{"k": 1}]}}])
+    track(
+        model,
+        attributes=[{"external_id": "u1", "new": {"remove": ["x"]}, "o": {"add": [{"k": 1}]}}],
+    )
     assert custom(model, "u1")["new"] == []
     assert custom(model, "u1")["o"] == [{"k": 1}]
     track(model, attributes=[{"external_id": "u1", "o": {"add": [{"k": 1}, {"k": 2}]}}])
@@ -212,8 +222,12 @@ def test_creation_rules(model: Model) -> None:
             {"service_id": "f" * 24},
         ],
         events=[
-            {"user_alias": alias, "_update_existing_only": False, "name": "e",
-             "time": "2026-11-21T00:00:00Z"},
+            {
+                "user_alias": alias,
+                "_update_existing_only": False,
+                "name": "e",
+                "time": "2026-11-21T00:00:00Z",
+            },
         ],
     )
     assert body == {
@@ -223,10 +237,22 @@ def test_creation_rules(model: Model) -> None:
         "errors": [{"type": m.ERR_UNKNOWN_SERVICE_ID, "input_array": "attributes", "index": 4}],
     }
     assert model.export_users() == []
-    track(model, attributes=[{"user_alias": alias, "_update_existing_only": False, "x": 1},
-                             {"phone": "+1 (415) 555-0100"}],
-          purchases=[{"email": " New@Example.com", "product_id": "p", "currency": "USD",
-                      "price": 2, "time": "2026-11-21T00:00:00Z"}])
+    track(
+        model,
+        attributes=[
+            {"user_alias": alias, "_update_existing_only": False, "x": 1},
+            {"phone": "+1 (415) 555-0100"},
+        ],
+        purchases=[
+            {
+                "email": " New@Example.com",
+                "product_id": "p",
+                "currency": "USD",
+                "price": 2,
+                "time": "2026-11-21T00:00:00Z",
+            }
+        ],
+    )
     users = model.export_users()
     assert [u.get("user_aliases") for u in users] == [[alias], None, None]
     assert users[1]["phone"] == "+14155550100"
@@ -240,20 +266,31 @@ def test_creation_rules(model: Model) -> None:
 
 
 def test_email_resolution_prefers_external_id_profiles(model: Model) -> None:
-    track(model, attributes=[
-        {"email": "ann@example.com", "nick": "email-only"},  # profile 0, no external id
-        {"external_id": "u1", "email": "ann@example.com"},  # profile 1
-        {"external_id": "u2", "email": "ANN@example.com"},  # profile 2 (most recent)
-    ])
+    track(
+        model,
+        attributes=[
+            {"email": "ann@example.com", "nick": "email-only"},  # profile 0, no external id
+            {"external_id": "u1", "email": "ann@example.com"},  # profile 1
+            {"external_id": "u2", "email": "ANN@example.com"},  # profile 2 (most recent)
+        ],
+    )
     track(model, attributes=[{"external_id": "u1", "x": 1}])  # u1 is now the most recent
     track(model, attributes=[{"email": " Ann@Example.com ", "hit": True}])
     assert custom(model, "u1") == {"x": 1, "hit": True}
     assert "hit" not in custom(model, "u2")
     # no profile with an external id: the most recently updated one
-    track(model, attributes=[{"email": "bob@example.com", "n": 0},
-                             {"user_alias": {"alias_name": "a", "alias_label": "b"},
-                              "_update_existing_only": False, "email": "bob@example.com"},
-                             {"email": "bob@example.com", "n": 1}])
+    track(
+        model,
+        attributes=[
+            {"email": "bob@example.com", "n": 0},
+            {
+                "user_alias": {"alias_name": "a", "alias_label": "b"},
+                "_update_existing_only": False,
+                "email": "bob@example.com",
+            },
+            {"email": "bob@example.com", "n": 1},
+        ],
+    )
     users = model.export_users()
     assert users[3]["custom_attributes"] == {"n": 0}
     assert users[4]["custom_attributes"] == {"n": 1}
@@ -269,15 +306,31 @@ def test_phone_resolution(model: Model) -> None:
 
 # --- profile fields --------------------------------------------------------------------------
 def test_profile_fields_normalized(model: Model) -> None:
-    _, body = track(model, attributes=[{
-        "external_id": "u1", "country": "fr", "language": "EN", "dob": "2000-02-29",
-        "gender": "F", "time_zone": "Europe/Paris", "last_coordinates": [2, 48.5],
-        "email": " A@B.CO ", "phone": "+44 7700-900-123", "home_city": "Paris",
-    }])
+    _, body = track(
+        model,
+        attributes=[
+            {
+                "external_id": "u1",
+                "country": "fr",
+                "language": "EN",
+                "dob": "2000-02-29",
+                "gender": "F",
+                "time_zone": "Europe/Paris",
+                "last_coordinates": [2, 48.5],
+                "email": " A@B.CO ",
+                "phone": "+44 7700-900-123",
+                "home_city": "Paris",
+            }
+        ],
+    )
     assert "errors" not in body
     u = user(model, "u1")
-    assert (u["country"], u["language"], u["email"], u["phone"]) == ("FR", "en", "a@b.co",
-                                                                    "+447700900123")
+    assert (u["country"], u["language"], u["email"], u["phone"]) == (
+        "FR",
+        "en",
+        "a@b.co",
+        "+447700900123",
+    )
     assert json.dumps(u["last_coordinates"]) == "[2.0, 48.5]"
     for field, value, err in [
         ("dob", "1990-02-30", m.ERR_DOB),
@@ -294,7 +347,14 @@ def test_profile_fields_normalized(model: Model) -> None:
 
 
 def test_push_opted_in_at(model: Model) -> None:
-    times = iter([CLOCK, datetime(2026, 11, 23, tzinfo=UTC), datetime(2026, 11, 24, tzinfo=UTC)])
+    times = iter(
+        [
+            CLOCK,
+            datetime(2026, 11, 23, tzinfo=UTC),
+            datetime(2026, 11, 24, tzinfo=UTC),
+            datetime(2026, 11, 25, tzinfo=UTC),
+        ]
+    )
     model = Model(lambda: next(times), "s")
     track(model, attributes=[{"external_id": "u1", "push_subscribe": "opted_in"}])
     track(model, attributes=[{"external_id": "u1", "push_subscribe": "opted_in"}])
@@ -305,12 +365,15 @@ def test_push_opted_in_at(model: Model) -> None:
 
 
 def test_same_email_propagation(model: Model) -> None:
-    track(model, attributes=[
-        {"email": "ann@example.com"},
-        {"external_id": "u2", "email": "ann@example.com"},
-        {"external_id": "u1", "email": "ANN@example.com", "email_subscribe": "opted_in"},
-        {"external_id": "u3", "email": "bob@example.com"},
-    ])
+    track(
+        model,
+        attributes=[
+            {"email": "ann@example.com"},
+            {"external_id": "u2", "email": "ann@example.com"},
+            {"external_id": "u1", "email": "ANN@example.com", "email_subscribe": "opted_in"},
+            {"external_id": "u3", "email": "bob@example.com"},
+        ],
+    )
     states = [u.get("email_subscribe") for u in model.export_users()]
     assert states == ["opted_in", "opted_in", "opted_in", None]
     # identified by email: no propagation
@@ -320,27 +383,45 @@ def test_same_email_propagation(model: Model) -> None:
 
 
 def test_propagation_bumps_recency(model: Model) -> None:
-    track(model, attributes=[
-        {"external_id": "u1", "email": "ann@example.com"},
-        {"external_id": "u2", "email": "ann@example.com"},
-        {"external_id": "u3", "email": "bob@example.com"},
-    ])
+    track(
+        model,
+        attributes=[
+            {"external_id": "u1", "email": "ann@example.com"},
+            {"external_id": "u2", "email": "ann@example.com"},
+            {"external_id": "u3", "email": "bob@example.com"},
+        ],
+    )
     # u2 is the most recent holder of ann@; u3 takes bob@ -> its propagation touches nobody
     # u1 sets a group state: u1 and u2 touched by the same object; tie broken by creation (u2)
-    track(model, attributes=[{"external_id": "u1", "subscription_groups": [
-        {"subscription_group_id": "g1", "subscription_state": "subscribed"}]}])
+    track(
+        model,
+        attributes=[
+            {
+                "external_id": "u1",
+                "subscription_groups": [
+                    {"subscription_group_id": "g1", "subscription_state": "subscribed"}
+                ],
+            }
+        ],
+    )
     track(model, attributes=[{"email": "ann@example.com", "hit": 1}])
     assert custom(model, "u2") == {"hit": 1}
 
 
 def test_push_tokens_single_owner(model: Model) -> None:
     tok = {"app_id": "app1", "token": "t1", "device_id": "d1"}
-    track(model, attributes=[
-        {"external_id": "u1", "email": "ann@example.com", "push_tokens": [tok]},
-        {"external_id": "u2", "email": "ann@example.com"},
-    ])
+    track(
+        model,
+        attributes=[
+            {"external_id": "u1", "email": "ann@example.com", "push_tokens": [tok]},
+            {"external_id": "u2", "email": "ann@example.com"},
+        ],
+    )
     # u2 now most recent; moving the token away from u1 bumps u1
-    track(model, attributes=[{"external_id": "u3", "push_tokens": [{"app_id": "app1", "token": "t1"}]}])
+    track(
+        model,
+        attributes=[{"external_id": "u3", "push_tokens": [{"app_id": "app1", "token": "t1"}]}],
+    )
     assert "push_tokens" not in user(model, "u1")
     assert user(model, "u3")["push_tokens"] == [{"app": "app1", "token": "t1"}]
     assert "devices" not in user(model, "u3")
@@ -352,10 +433,15 @@ def test_push_token_upsert_moves_to_end(model: Model) -> None:
     a = {"app_id": "app1", "token": "t1", "device_id": "d1"}
     b = {"app_id": "app1", "token": "t2", "device_id": "d2"}
     track(model, attributes=[{"external_id": "u1", "push_tokens": [a, b]}])
-    track(model, attributes=[{"external_id": "u1", "push_tokens": [{"app_id": "app1", "token": "t1"}]}])
+    track(
+        model,
+        attributes=[{"external_id": "u1", "push_tokens": [{"app_id": "app1", "token": "t1"}]}],
+    )
     u = user(model, "u1")
-    assert u["push_tokens"] == [{"app": "app1", "token": "t2", "device_id": "d2"},
-                                {"app": "app1", "token": "t1"}]
+    assert u["push_tokens"] == [
+        {"app": "app1", "token": "t2", "device_id": "d2"},
+        {"app": "app1", "token": "t1"},
+    ]
     assert u["devices"] == [{"device_id": "d2"}]
 
 
@@ -363,11 +449,14 @@ def test_push_token_import(model: Model) -> None:
     t1 = {"app_id": "app1", "token": "t1"}
     t2 = {"app_id": "app1", "token": "t2", "device_id": "d2"}
     track(model, attributes=[{"external_id": "u1", "push_tokens": [t1]}])
-    _, body = track(model, attributes=[
-        {"push_token_import": True, "external_id": "u9", "push_tokens": [t1, t2, t2], "x": "y"},
-        {"push_token_import": True, "push_tokens": "bad", "_update_existing_only": "bad"},
-        {"push_token_import": "yes", "external_id": "u1"},
-    ])
+    _, body = track(
+        model,
+        attributes=[
+            {"push_token_import": True, "external_id": "u9", "push_tokens": [t1, t2, t2], "x": "y"},
+            {"push_token_import": True, "push_tokens": "bad", "_update_existing_only": "bad"},
+            {"push_token_import": "yes", "external_id": "u1"},
+        ],
+    )
     assert body["attributes_processed"] == 1
     assert [e["type"] for e in body["errors"]] == [m.ERR_PUSH_TOKENS, m.ERR_PUSH_TOKEN_IMPORT]
     users = model.export_users()
@@ -387,16 +476,36 @@ def test_events_purchases_and_summaries(model: Model) -> None:
             {"external_id": "u1", "name": "open", "time": "2026-08-23T23:59:59.999Z"},  # out
             {"external_id": "u1", "name": "buy", "time": "2026-11-23T00:00:00Z"},  # future: out
             {"external_id": "u1", "name": "app", "time": "2026-11-01T00:00:00:250-0530"},
-            {"external_id": "u1", "name": "x", "time": "2026-11-01T00:00:00Z",
-             "properties": {"$p": 1}},
+            {
+                "external_id": "u1",
+                "name": "x",
+                "time": "2026-11-01T00:00:00Z",
+                "properties": {"$p": 1},
+            },
         ],
         purchases=[
-            {"external_id": "u1", "product_id": "p", "currency": "USD", "price": 0.1,
-             "quantity": 3, "time": "2026-11-01T00:00:00Z"},
-            {"external_id": "u1", "product_id": "p", "currency": "USD", "price": 0.2,
-             "time": "2020-01-01T00:00:00Z"},
-            {"external_id": "u1", "product_id": "q", "currency": "usd", "price": 1,
-             "time": "2026-11-01T00:00:00Z"},
+            {
+                "external_id": "u1",
+                "product_id": "p",
+                "currency": "USD",
+                "price": 0.1,
+                "quantity": 3,
+                "time": "2026-11-01T00:00:00Z",
+            },
+            {
+                "external_id": "u1",
+                "product_id": "p",
+                "currency": "USD",
+                "price": 0.2,
+                "time": "2020-01-01T00:00:00Z",
+            },
+            {
+                "external_id": "u1",
+                "product_id": "q",
+                "currency": "usd",
+                "price": 1,
+                "time": "2026-11-01T00:00:00Z",
+            },
         ],
     )
     assert body["events_processed"] == 5
@@ -404,25 +513,47 @@ def test_events_purchases_and_summaries(model: Model) -> None:
     assert [e["type"] for e in body["errors"]] == [m.ERR_PROPERTY_NAME, m.ERR_CURRENCY]
     u = user(model, "u1")
     assert u["custom_events"] == [
-        {"name": "app", "first": "2026-11-01T05:30:00.250Z", "last": "2026-11-01T05:30:00.250Z",
-         "count": 1},
-        {"name": "open", "first": "2026-08-24T00:00:00.000Z", "last": "2026-11-21T08:00:00.123Z",
-         "count": 2},
+        {
+            "name": "app",
+            "first": "2026-11-01T05:30:00.250Z",
+            "last": "2026-11-01T05:30:00.250Z",
+            "count": 1,
+        },
+        {
+            "name": "open",
+            "first": "2026-08-24T00:00:00.000Z",
+            "last": "2026-11-21T08:00:00.123Z",
+            "count": 2,
+        },
     ]
-    assert u["purchases"] == [{"name": "p", "first": "2026-11-01T00:00:00.000Z",
-                               "last": "2026-11-01T00:00:00.000Z", "count": 1}]
+    assert u["purchases"] == [
+        {
+            "name": "p",
+            "first": "2026-11-01T00:00:00.000Z",
+            "last": "2026-11-01T00:00:00.000Z",
+            "count": 1,
+        }
+    ]
     assert u["total_revenue"] == 0.5
 
 
 def test_export_ids(model: Model) -> None:
     alias = {"alias_name": "a1", "alias_label": "crm"}
-    track(model, attributes=[
-        {"external_id": "u1", "email": "ann@example.com", "first_name": "Ann"},
-        {"user_alias": alias, "_update_existing_only": False, "email": "ann@example.com"},
-        {"external_id": "u2", "push_tokens": [{"app_id": "a", "token": "t", "device_id": "d"}]},
-    ])
-    status, body = export(model, external_ids=["u2", "zz", "u1"], user_aliases=[alias],
-                          email_address="ANN@example.com ", fields_to_export=["external_id"])
+    track(
+        model,
+        attributes=[
+            {"external_id": "u1", "email": "ann@example.com", "first_name": "Ann"},
+            {"user_alias": alias, "_update_existing_only": False, "email": "ann@example.com"},
+            {"external_id": "u2", "push_tokens": [{"app_id": "a", "token": "t", "device_id": "d"}]},
+        ],
+    )
+    status, body = export(
+        model,
+        external_ids=["u2", "zz", "u1"],
+        user_aliases=[alias],
+        email_address="ANN@example.com ",
+        fields_to_export=["external_id"],
+    )
     assert status == 200
     assert body == {
         "message": "success",
@@ -438,7 +569,9 @@ def test_export_ids(model: Model) -> None:
 @pytest.mark.parametrize(
     ("body", "message"),
     [
-        ("x", m.EXPORT_BODY_NOT_OBJECT),
+        ([1], m.EXPORT_BODY_NOT_OBJECT),
+        ("null", m.EXPORT_BODY_NOT_OBJECT),
+        ("{bad", m.BAD_JSON),
         ({"external_ids": "u1"}, m.EXPORT_EXTERNAL_IDS),
         ({"external_ids": ["u1"], "user_aliases": [{"alias_name": "a"}]}, m.EXPORT_USER_ALIASES),
         ({"service_id": 5}, m.EXPORT_STRING_FIELD.format(field="service_id")),
@@ -448,8 +581,10 @@ def test_export_ids(model: Model) -> None:
         ({"external_ids": [], "fields_to_export": ["email"]}, m.EXPORT_NO_IDENTIFIER),
         ({"external_ids": ["u1"]}, m.EXPORT_FIELDS_REQUIRED),
         ({"external_ids": ["u1"], "fields_to_export": "email"}, m.EXPORT_FIELDS_SHAPE),
-        ({"external_ids": ["u1"], "fields_to_export": ["email", "b", "a", "b"]},
-         m.EXPORT_UNKNOWN_FIELDS.format(names="b, a")),
+        (
+            {"external_ids": ["u1"], "fields_to_export": ["email", "b", "a", "b"]},
+            m.EXPORT_UNKNOWN_FIELDS.format(names="b, a"),
+        ),
     ],
 )
 def test_export_validation(model: Model, body, message: str) -> None:
@@ -457,18 +592,39 @@ def test_export_validation(model: Model, body, message: str) -> None:
 
 
 def test_export_full_shape(model: Model) -> None:
-    track(model, attributes=[{"external_id": "u1", "user_alias": None, "push_subscribe": "opted_in",
-                              "email_subscribe": "subscribed", "c": 1}])
+    track(
+        model,
+        attributes=[
+            {
+                "external_id": "u1",
+                "user_alias": None,
+                "push_subscribe": "opted_in",
+                "email_subscribe": "subscribed",
+                "c": 1,
+            }
+        ],
+    )
     u = model.export_users()[0]
-    assert set(u) == {"created_at", "service_id", "random_bucket", "external_id",
-                      "push_subscribe", "push_opted_in_at", "email_subscribe", "custom_attributes"}
+    assert set(u) == {
+        "created_at",
+        "service_id",
+        "random_bucket",
+        "external_id",
+        "push_subscribe",
+        "push_opted_in_at",
+        "email_subscribe",
+        "custom_attributes",
+    }
     assert u["created_at"] == "2026-11-22T00:00:00.000Z"
     assert set(u) <= set(m.EXPORT_FIELDS)
 
 
 # --- the model never crashes on what the property tests generate -----------------------------
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow,
-                                                                  HealthCheck.data_too_large])
+@settings(
+    max_examples=300,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 @given(reqs=request_sequences)
 def test_model_total_on_generated_requests(reqs: list[dict]) -> None:
     model = Model(lambda: CLOCK, "s")

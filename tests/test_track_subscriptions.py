@@ -6,10 +6,10 @@ import pytest
 from tests.helpers import (
     Clock,
     alias,
+    exists,
     export_alias,
     export_one,
     export_users,
-    exists,
     field,
     group_states,
     only_error,

@@ -41,7 +41,7 @@ FIRST_NAMES = (
     "Maria", "James", "Sofia", "Liam", "Emma", "Noah", "Olivia", "Lucas", "Mia", "Hugo",
     "Yuki", "Aarav", "Ana", "Mateo", "Lea", "Elias", "Chloe", "Jonas", "Ines", "Oscar",
     "Priya", "Kenji", "Zoe", "Leon", "Alice", "Omar", "Julia", "Felix", "Nora", "Diego",
-)
+)  # fmt: skip
 EMAIL_DOMAINS = ("example.com", "example.org", "mail.example.net")
 # country, language, time zone, currency, relative share of users
 COUNTRIES = (
@@ -104,7 +104,11 @@ def count_objects(request: dict[str, Any]) -> int:
 
 
 def write_request_files(
-    requests: Iterable[dict[str, Any]], folder: str | Path, per_file: int, *, prefix: str = "requests"
+    requests: Iterable[dict[str, Any]],
+    folder: str | Path,
+    per_file: int,
+    *,
+    prefix: str = "requests",
 ) -> list[Path]:
     """Write the requests as NDJSON files of `per_file` requests each; return their paths.
 
@@ -305,7 +309,9 @@ def _attribute_objects(
     categories = people["categories"]
     objects: list[dict[str, Any]] = []
     for u, new, pick in zip(
-        plan["user"][rows].tolist(), plan["new"][rows].tolist(), plan["pick"][rows].tolist(),
+        plan["user"][rows].tolist(),
+        plan["new"][rows].tolist(),
+        plan["pick"][rows].tolist(),
         strict=True,
     ):
         if new:
@@ -351,8 +357,13 @@ def _event_objects(
     event = np.searchsorted(np.cumsum(EVENT_WEIGHTS), pick, side="right").clip(0, 2)
     objects: list[dict[str, Any]] = []
     for u, e, product, quantity, time, p in zip(
-        plan["user"][rows].tolist(), event.tolist(), plan["product"][rows].tolist(),
-        plan["quantity"][rows].tolist(), _times(plan, rows), pick.tolist(), strict=True,
+        plan["user"][rows].tolist(),
+        event.tolist(),
+        plan["product"][rows].tolist(),
+        plan["quantity"][rows].tolist(),
+        _times(plan, rows),
+        pick.tolist(),
+        strict=True,
     ):
         if e == 0:
             properties: dict[str, Any] = {"platform": PLATFORMS[int(p * 997) % 3]}
@@ -377,8 +388,11 @@ def _purchase_objects(
     ids, countries = people["external_id"], people["country"]
     objects: list[dict[str, Any]] = []
     for u, product, quantity, time in zip(
-        plan["user"][rows].tolist(), plan["product"][rows].tolist(),
-        plan["quantity"][rows].tolist(), _times(plan, rows), strict=True,
+        plan["user"][rows].tolist(),
+        plan["product"][rows].tolist(),
+        plan["quantity"][rows].tolist(),
+        _times(plan, rows),
+        strict=True,
     ):
         currency = COUNTRIES[countries[u]][3]
         price = PRICES[product] if currency == "USD" else round(PRICES[product] * EUR_PER_USD, 2)

@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
+from engagelake.errors import EngagelakeError
+
 if TYPE_CHECKING:
     import polars as pl
 
@@ -32,7 +34,7 @@ RESPONSES_SUFFIX = ".responses.ndjson"
 PARQUET_COLUMNS = ("method", "path", "body", "query")
 
 
-class RequestFileError(ValueError):
+class RequestFileError(EngagelakeError, ValueError):
     """A request or identifiers file that cannot be read as such; the message names the file
     and, where there is one, the line or row."""
 
@@ -64,12 +66,8 @@ class AppliedFile:
     responses_path: Path
     requests: int
     statuses: dict[int, int]
-    errors: int
-
-    @property
-    def failed(self) -> int:
-        """Requests answered with a status of 400 or more."""
-        return sum(count for status, count in self.statuses.items() if status >= 400)
+    errors: int  # non-fatal errors of the accepted requests (fatal ones are in `statuses`)
+    seconds: float = 0.0
 
 
 def list_request_files(folder: str | Path) -> list[Path]:
@@ -108,7 +106,7 @@ def read_request_file(path: str | Path) -> RequestFile:
     data = path.read_bytes()
     key = f"{path.name}:{hashlib.sha256(data).hexdigest()}"
     if path.suffix == ".parquet":
-        requests = _parse_parquet(path)
+        requests = _parse_parquet(path, data)
     else:
         requests = _parse_ndjson(path, data)
     return RequestFile(path=path, idempotency_key=key, requests=requests)
@@ -120,8 +118,11 @@ def responses_path(path: str | Path) -> Path:
     return path.with_name(path.stem + RESPONSES_SUFFIX)
 
 
-def write_responses_file(request_file: RequestFile, responses: Sequence[ResponseLike]) -> AppliedFile:
-    """Write one `{"status", "body"}` line per response next to the request file (atomically)."""
+def write_responses_file(
+    request_file: RequestFile, responses: Sequence[ResponseLike], *, seconds: float = 0.0
+) -> AppliedFile:
+    """Write one `{"status", "body"}` line per response next to the request file (atomically);
+    `seconds` is how long applying took, for the summary."""
     target = responses_path(request_file.path)
     lines = [orjson.dumps({"status": r.status, "body": r.body}) for r in responses]
     write_bytes_atomically(target, b"".join(line + b"\n" for line in lines))
@@ -130,7 +131,8 @@ def write_responses_file(request_file: RequestFile, responses: Sequence[Response
         responses_path=target,
         requests=len(responses),
         statuses=dict(sorted(Counter(r.status for r in responses).items())),
-        errors=sum(len((r.body or {}).get("errors") or ()) for r in responses),
+        errors=sum(len((r.body or {}).get("errors") or ()) for r in responses if r.status < 400),
+        seconds=seconds,
     )
 
 
@@ -221,12 +223,15 @@ def _parse_ndjson(path: Path, data: bytes) -> list[dict[str, Any]]:
     return requests
 
 
-def _parse_parquet(path: Path) -> list[dict[str, Any]]:
-    """Rows of `method`, `path`, `body` (JSON text) and optional `query` (JSON text or null)."""
+def _parse_parquet(path: Path, data: bytes) -> list[dict[str, Any]]:
+    """Rows of `method`, `path`, `body` (JSON text) and optional `query` (JSON text or null),
+    parsed from the same bytes the idempotency key was computed from."""
+    import io
+
     import polars as pl
 
     try:
-        frame = pl.read_parquet(path)
+        frame = pl.read_parquet(io.BytesIO(data))
     except pl.exceptions.PolarsError as error:
         msg = f"{path}: not a readable Parquet file ({error})"
         raise RequestFileError(msg) from error
@@ -240,7 +245,10 @@ def _parse_parquet(path: Path) -> list[dict[str, Any]]:
     queries = frame["query"].to_list() if "query" in frame.columns else [None] * frame.height
     requests = []
     rows = zip(
-        frame["method"].to_list(), frame["path"].to_list(), frame["body"].to_list(), queries,
+        frame["method"].to_list(),
+        frame["path"].to_list(),
+        frame["body"].to_list(),
+        queries,
         strict=True,
     )
     for number, (method, route, body, query) in enumerate(rows, start=1):

@@ -62,12 +62,13 @@ def _route(request: Any) -> tuple[str, Any]:
     if method not in methods:
         raise _Bad(405, M.METHOD_NOT_ALLOWED.format(method=method, path=path, allowed=", ".join(methods)))
     body = request.get("body")
-    if isinstance(body, str | bytes):
-        try:
+    try:
+        if isinstance(body, str | bytes | bytearray | memoryview):
             body = orjson.loads(body)
-        except orjson.JSONDecodeError:
-            raise _Bad(400, M.BAD_JSON) from None
-    return methods[method], body
+        text = orjson.dumps(body).decode()  # proves the body is plain JSON data
+    except (orjson.JSONDecodeError, TypeError):
+        raise _Bad(400, M.BAD_JSON) from None
+    return methods[method], (body, text)
 
 
 class Workspace:
@@ -119,12 +120,12 @@ class Workspace:
 
         for i, request in enumerate(requests):
             try:
-                endpoint, body = _route(request)
+                endpoint, (body, text) = _route(request)
             except _Bad as bad:
                 responses[i] = bad.response
                 continue
             if endpoint == "track":
-                pending.append((i, body))
+                pending.append((i, text))
             else:
                 flush()
                 status, out = export_ids(state, body, clock, fields_required=self.fields_required)
@@ -144,7 +145,7 @@ class Workspace:
                all_changes: Changes, clock: datetime) -> State:
         bodies = pa.table({
             "req": pa.array(range(len(pending)), pa.int64()),
-            "body": [orjson.dumps(body).decode() for _, body in pending],
+            "body": [text for _, text in pending],
         })
         parsed = parse_track(bodies)
         valid = validate_track(parsed)

@@ -122,7 +122,7 @@ def _identifier(objects: pl.DataFrame) -> pl.DataFrame:
         (pl.col("alias_t") == "OBJECT")
         & (pl.col("alias_name_t") == "VARCHAR") & (pl.col("alias_name") != "")
         & (pl.col("alias_label_t") == "VARCHAR") & (pl.col("alias_label") != "")
-    )
+    ).fill_null(False)
     kind = (
         pl.when(n_strong > 1).then(None)
         .when(_present("ext")).then(pl.lit("ext"))
@@ -188,7 +188,9 @@ def _field_errors(pairs: pl.DataFrame, objects: pl.DataFrame) -> tuple[pl.DataFr
         .otherwise(s)
     )
     f = f.with_columns(value=value)
-    coords = pl.col("v").str.json_decode(pl.List(pl.Float64))
+    coord_re = r"^\[-?[0-9][0-9.eE+\-]*,-?[0-9][0-9.eE+\-]*\]$"
+    coords_text = pl.when((key == "last_coordinates") & pl.col("v").str.contains(coord_re)).then(pl.col("v"))
+    coords = coords_text.str.json_decode(pl.List(pl.Float64))
     dob = s.str.to_date("%Y-%m-%d", strict=False)
     bad = (
         pl.when(is_null).then(None)
@@ -206,9 +208,7 @@ def _field_errors(pairs: pl.DataFrame, objects: pl.DataFrame) -> tuple[pl.DataFr
             _err(~is_str | ~s.is_in(list(M.SUBSCRIBE_STATES)), ""))
         .when(key == "last_coordinates").then(
             _err(
-                (pl.col("vt") != "ARRAY")
-                | ~pl.col("v").str.contains(r"^\[\s*-?[0-9][0-9.eE+\-]*\s*,\s*-?[0-9][0-9.eE+\-]*\s*\]$")
-                | (coords.list.len() != 2).fill_null(True)
+                (coords.list.len() != 2).fill_null(True)
                 | (coords.list.get(0, null_on_oob=True).abs() > 180).fill_null(True)
                 | (coords.list.get(1, null_on_oob=True).abs() > 90).fill_null(True),
                 M.ERR_COORDINATES,

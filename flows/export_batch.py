@@ -1,0 +1,123 @@
+"""Prefect flows `export_batch` and `export_all`: users out as `users.ndjson` + `users.parquet`.
+
+`export_batch` exports a list of external IDs through `POST /users/export/ids`, 50 IDs per
+request (the API's limit); `export_all` exports the whole store with `Workspace.export_users`.
+Both write `users.ndjson` (one exported user a line, shaped like the API's `users` elements)
+and `users.parquet` (one column per field; nested values such as `custom_attributes` as JSON
+text). Exports only read the store, so re-running them is always safe.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from prefect import flow, get_run_logger, task
+from prefect.utilities.annotations import quote
+
+from engagelake import Workspace
+from engagelake.files import read_identifiers, write_users_files
+from engagelake.rules.messages import EXPORT_FIELDS
+from flows._retry import IO_TASK_OPTIONS
+
+EXPORT_PATH = "/users/export/ids"
+IDS_PER_REQUEST = 50
+
+
+class ExportFailedError(RuntimeError):
+    """The export endpoint answered an error; carries its status and body."""
+
+    def __init__(self, status: int, body: dict[str, Any] | None, external_ids: Sequence[str]):
+        message = (body or {}).get("message", "no message")
+        first = external_ids[0] if external_ids else "-"
+        super().__init__(
+            f"{EXPORT_PATH} answered {status}: {message} (chunk starting at external ID {first!r})"
+        )
+        self.status = status
+        self.body = body
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    """Where an export went and what it found."""
+
+    users: int
+    ndjson_path: Path
+    parquet_path: Path
+    invalid_user_ids: list[str] = field(default_factory=list)
+
+
+@task(name="read-identifiers", **IO_TASK_OPTIONS)
+def load_identifiers(source: str | list[str]) -> list[str]:
+    """External IDs from a list or a file (JSON array, or one ID a line), each once."""
+    return read_identifiers(source)
+
+
+@task(name="export-ids", **IO_TASK_OPTIONS)
+def export_chunk(
+    workspace: Workspace, external_ids: list[str], fields: list[str]
+) -> dict[str, Any]:
+    """One `POST /users/export/ids` for at most 50 external IDs; its response body."""
+    body = {"external_ids": external_ids, "fields_to_export": fields}
+    response = workspace.call("POST", EXPORT_PATH, body)
+    if response.status != 200 or response.body is None:
+        raise ExportFailedError(response.status, response.body, external_ids)
+    return response.body
+
+
+@task(name="export-users", **IO_TASK_OPTIONS)
+def export_every_user(workspace: Workspace, fields: list[str] | None) -> list[dict[str, Any]]:
+    """Every user of the store, shaped like the export endpoint's users."""
+    return workspace.export_users(fields)
+
+
+@task(name="write-users", **IO_TASK_OPTIONS)
+def write_users(users: list[dict[str, Any]], out_dir: str) -> tuple[Path, Path]:
+    """Write `users.ndjson` and `users.parquet` into `out_dir`."""
+    return write_users_files(users, out_dir)
+
+
+@flow(name="export_batch")
+def export_batch(
+    identifiers_file_or_list: str | list[str],
+    out_dir: str,
+    store: str = "data/store",
+    fields: list[str] | None = None,
+) -> ExportResult:
+    """Export the users with the given external IDs (a list, or a file: a JSON array or one ID
+    a line) into `out_dir`, in the order of the IDs; `fields` defaults to every export field."""
+    logger = get_run_logger()
+    workspace = Workspace.open(store)
+    external_ids = load_identifiers(identifiers_file_or_list)
+    fields_to_export = list(fields) if fields is not None else list(EXPORT_FIELDS)
+    users: list[dict[str, Any]] = []
+    invalid: list[str] = []
+    for start in range(0, len(external_ids), IDS_PER_REQUEST):
+        chunk = external_ids[start : start + IDS_PER_REQUEST]
+        body = export_chunk(workspace, chunk, fields_to_export)
+        users.extend(body.get("users") or [])
+        invalid.extend(body.get("invalid_user_ids") or [])
+    ndjson_path, parquet_path = write_users(quote(users), out_dir)
+    logger.info(
+        "exported %d users for %d external IDs to %s (%d matched no user)",
+        len(users),
+        len(external_ids),
+        out_dir,
+        len(invalid),
+    )
+    return ExportResult(len(users), ndjson_path, parquet_path, invalid)
+
+
+@flow(name="export_all")
+def export_all(
+    out_dir: str, store: str = "data/store", fields: list[str] | None = None
+) -> ExportResult:
+    """Export every user of the store into `out_dir`; `fields` defaults to every field."""
+    logger = get_run_logger()
+    workspace = Workspace.open(store)
+    users = export_every_user(workspace, fields)
+    ndjson_path, parquet_path = write_users(quote(users), out_dir)
+    logger.info("exported all %d users to %s", len(users), out_dir)
+    return ExportResult(len(users), ndjson_path, parquet_path)

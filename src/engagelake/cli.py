@@ -1,0 +1,428 @@
+"""The `engagelake` command line: `demo`, `apply`, `export` and `sql`.
+
+Every command is a thin edge over `Workspace` (or, for `demo`, the `track_batch` flow, which
+calls `Workspace`). Heavy modules (polars, duckdb, deltalake, prefect) are imported inside the
+commands so that `engagelake --help` starts fast. Bad input ends with a red one-line message
+and exit code 1, never a traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
+
+import typer
+
+if TYPE_CHECKING:
+    from rich.progress import Progress, TaskID
+
+    from engagelake.files import AppliedFile
+    from engagelake.workspace import Workspace
+
+app = typer.Typer(
+    name="engagelake",
+    help=(
+        "engagelake: the customer-engagement REST API (/users/track, /users/export/ids, ...) "
+        "as vectorized Polars/DuckDB rules over Delta Lake tables."
+    ),
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_show_locals=False,
+)
+
+DEFAULT_STORE = "data/store"
+DEMO_REQUESTS = Path("data/demo/requests")
+SAMPLE_FIELDS = [
+    "external_id", "first_name", "email", "country", "language", "created_at",
+    "custom_attributes", "custom_events", "purchases", "total_revenue",
+]  # fmt: skip
+
+Store = Annotated[
+    str,
+    typer.Option(
+        "--store",
+        "-s",
+        help="Store location: a folder or a URI. Created when missing by demo and apply.",
+        envvar="ENGAGELAKE_STORE",
+    ),
+]
+
+
+# --- commands ------------------------------------------------------------------------------------
+@app.command()
+def demo(
+    users: Annotated[int, typer.Option(min=1, help="Number of distinct users.")] = 100_000,
+    objects: Annotated[
+        int, typer.Option(min=1, help="Attribute, event and purchase objects in all.")
+    ] = 1_000_000,
+    store: Store = DEFAULT_STORE,
+    seed: Annotated[int, typer.Option(help="Random seed of the generated workload.")] = 7,
+    requests_dir: Annotated[
+        Path,
+        typer.Option(
+            help="Folder for the generated request files (earlier requests-*.ndjson there are replaced)."
+        ),
+    ] = DEMO_REQUESTS,
+    per_file: Annotated[
+        int, typer.Option(min=1, help="Requests per request file (one batch per file).")
+    ] = 1000,
+) -> None:
+    """Generate a /users/track workload, apply it with the track_batch flow, show the result.
+
+    The workload is written to --requests-dir as NDJSON request files and applied to --store, one batch per file; then a summary (users, events, purchases, throughput) and a sample export of 3 users are printed.
+
+    Re-running on the same day with the same options applies nothing twice: each file is an idempotent batch.
+    """
+    # Progress bars instead of Prefect's console log; an explicit setting still wins.
+    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    with _input_errors():
+        paths, file_objects, seconds = _run_demo(
+            users, objects, store, seed, requests_dir, per_file
+        )
+        from engagelake import Workspace
+
+        workspace = Workspace.open(store)
+        _print_summary(workspace, len(paths), sum(file_objects), seconds)
+        _print_sample(workspace)
+
+
+@app.command("apply")
+def apply_files(
+    files: Annotated[
+        list[Path],
+        typer.Argument(
+            help="Request files (.ndjson, or .parquet with columns method, path, body, query) "
+            "or folders of them.",
+            metavar="FILE",
+            show_default=False,
+        ),
+    ],
+    store: Store = DEFAULT_STORE,
+) -> None:
+    """Apply request files to the store, one atomic batch per file, and print a summary.
+
+    Each file is applied with the idempotency key "<file name>:<sha256>", so applying the same file again changes nothing and gives the same responses. Responses are written beside each file as <stem>.responses.ndjson.
+    """
+    from rich.table import Table
+
+    from engagelake import Workspace
+    from engagelake.files import list_request_files, read_request_file, write_responses_file
+
+    with _input_errors():
+        paths = [p for f in files for p in (list_request_files(f) if f.is_dir() else [f])]
+        if missing := [str(p) for p in paths if not p.is_file()]:
+            _fail(f"no such request file: {', '.join(missing)}")
+        if not paths:
+            _fail(f"no .ndjson or .parquet request files in {', '.join(map(str, files))}")
+        workspace = Workspace.open(store)
+        table = Table("file", "requests", "statuses", "non-fatal errors", "seconds")
+        table.columns[0].overflow = "fold"
+        for path in paths:
+            batch = read_request_file(path)
+            started = time.perf_counter()
+            responses = workspace.apply(batch.requests, idempotency_key=batch.idempotency_key)
+            applied = write_responses_file(batch, responses, seconds=time.perf_counter() - started)
+            table.add_row(*_applied_row(applied))
+    _console().print(table)
+    _console().print("Responses are beside each file as <stem>.responses.ndjson.")
+
+
+@app.command()
+def export(
+    external_id: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--external-id", "-e", help="External ID to export; repeat for more (up to 50)."
+        ),
+    ] = None,
+    email: Annotated[
+        str | None, typer.Option(help="Export the users with this email address.")
+    ] = None,
+    fields: Annotated[
+        str | None,
+        typer.Option(
+            help="Comma-separated fields_to_export, e.g. first_name,custom_attributes. Default: all."
+        ),
+    ] = None,
+    all_users: Annotated[
+        bool, typer.Option("--all", help="Export every user of the store (needs --out).")
+    ] = False,
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            help="Write users.ndjson and users.parquet into this folder instead of printing JSON."
+        ),
+    ] = None,
+    store: Store = DEFAULT_STORE,
+) -> None:
+    """Export users as /users/export/ids does: by external ID or email, or --all of them.
+
+    Without --out the API's JSON response is printed; with --out, users.ndjson and users.parquet are written (nested values as JSON text in Parquet). For more than 50 external IDs use the export_batch flow.
+    """
+    fields_to_export = _parse_fields(fields)
+    if all_users and (external_id or email):
+        _fail("--all exports every user; leave out --external-id and --email, or drop --all")
+    if all_users and out is None:
+        _fail(
+            "--all needs --out DIR: the whole store is written to DIR/users.ndjson and DIR/users.parquet"
+        )
+    if not all_users and not external_id and email is None:
+        _fail(
+            "nothing to export: give --external-id ID (repeatable), --email ADDRESS, or --all --out DIR"
+        )
+    with _input_errors():
+        workspace = _open_existing(store)
+        if all_users:
+            users = workspace.export_users(fields_to_export)
+            body: dict[str, Any] = {"message": "success", "users": users}
+        else:
+            body = _export_ids(workspace, external_id or [], email, fields_to_export)
+        if out is None:
+            _console().print_json(data=body)
+        else:
+            _write_export(body["users"], out)
+
+
+@app.command()
+def sql(
+    query: Annotated[
+        str,
+        typer.Argument(
+            help="DuckDB SQL over the store's tables: profiles, external_ids, aliases, attributes, "
+            "events, purchases, push_tokens, subscriptions.",
+            metavar="QUERY",
+            show_default=False,
+        ),
+    ],
+    store: Store = DEFAULT_STORE,
+    limit: Annotated[int, typer.Option(min=1, help="Show at most this many rows.")] = 50,
+) -> None:
+    """Run a DuckDB SQL query over the store and print the result as a table.
+
+    Example: engagelake sql "select name, count(*) as n from events group by name order by n desc"
+    """
+    import duckdb
+
+    with _input_errors():
+        workspace = _open_existing(store)
+        try:
+            frame = workspace.sql(query)
+        except duckdb.Error as error:
+            _fail(f"SQL error: {str(error).splitlines()[0]}")
+    _print_frame(frame, limit)
+
+
+# --- demo steps ----------------------------------------------------------------------------------
+def _run_demo(
+    users: int, objects: int, store: str, seed: int, requests_dir: Path, per_file: int
+) -> tuple[list[Path], list[int], float]:
+    """Write the workload's request files, then apply them with the track_batch flow under
+    progress bars; return the files, the objects in each, and the seconds the flow took."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from engagelake.demo import count_objects, generate_workload, write_request_files
+
+    _remove_demo_files(requests_dir)
+    file_objects: list[int] = []
+    columns = (
+        TextColumn("{task.description:<28}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, console=_console()) as progress:
+        generating = progress.add_task("Generating requests", total=objects)
+
+        def counted(requests: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+            for index, request in enumerate(requests):
+                n = count_objects(request)
+                if index % per_file == 0:
+                    file_objects.append(0)
+                file_objects[-1] += n
+                progress.advance(generating, n)
+                yield request
+
+        midnight = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+        workload = generate_workload(users, objects, seed, now=midnight)
+        paths = write_request_files(counted(workload), requests_dir, per_file)
+        applying = progress.add_task("Applying (track_batch flow)", total=sum(file_objects))
+        started = time.perf_counter()
+        applied = _apply_with_flow(
+            requests_dir, store, progress, applying, dict(zip(paths, file_objects, strict=True))
+        )
+        wall = time.perf_counter() - started
+    _console().print(f"[dim]flow wall time {wall:,.1f} s, including Prefect's start[/dim]")
+    return paths, file_objects, sum(a.seconds for a in applied)
+
+
+def _apply_with_flow(
+    folder: Path, store: str, progress: Progress, task: TaskID, objects_by_file: dict[Path, int]
+) -> list[AppliedFile]:
+    """Run the track_batch flow over `folder`, advancing `task` as each file is applied."""
+    from flows.track_batch import track_batch
+
+    def advance(applied: AppliedFile) -> None:
+        progress.advance(task, objects_by_file.get(applied.path, 0))
+
+    return track_batch(str(folder), store, on_file_applied=advance)
+
+
+def _remove_demo_files(folder: Path) -> None:
+    """Remove request and responses files of an earlier demo run (only `requests-*.ndjson`)."""
+    if folder.is_dir():
+        for path in folder.glob("requests-*.ndjson"):
+            path.unlink()
+
+
+def _print_summary(workspace: Workspace, files: int, objects: int, seconds: float) -> None:
+    """Users, events and purchases in the store; files, objects and apply throughput of the run
+    (`seconds` is the time spent in `Workspace.apply`, without Prefect's start-up)."""
+    from rich.table import Table
+
+    counts = workspace.sql(
+        "select (select count(*) from profiles) as users, (select count(*) from events) as events, "
+        "(select count(*) from purchases) as purchases"
+    ).row(0, named=True)
+    table = Table(
+        "users",
+        "events",
+        "purchases",
+        "files",
+        "objects",
+        "seconds",
+        "objects/s",
+        title="engagelake demo",
+    )
+    table.add_row(
+        f"{counts['users']:,}", f"{counts['events']:,}", f"{counts['purchases']:,}", f"{files:,}",
+        f"{objects:,}", f"{seconds:,.1f}", f"{objects / max(seconds, 1e-9):,.0f}",
+    )  # fmt: skip
+    _console().print(table)
+
+
+def _print_sample(workspace: Workspace) -> None:
+    """A sample export of the first three users, as the API returns them."""
+    ids = workspace.sql(
+        "select external_id from profiles where external_id is not null order by created_seq limit 3"
+    )["external_id"].to_list()
+    response = workspace.call(
+        "POST", "/users/export/ids", {"external_ids": ids, "fields_to_export": SAMPLE_FIELDS}
+    )
+    _console().print(f"\nSample export: POST /users/export/ids {ids}")
+    _console().print_json(data=response.body)
+
+
+# --- helpers -------------------------------------------------------------------------------------
+@contextmanager
+def _input_errors() -> Iterator[None]:
+    """Turn engagelake's own errors and file errors into a red one-line message and exit 1."""
+    from engagelake.errors import EngagelakeError
+
+    try:
+        yield
+    except (EngagelakeError, OSError) as error:
+        _fail(str(error))
+
+
+def _fail(message: str) -> NoReturn:
+    """Print `error: <message>` in red on stderr and exit with code 1."""
+    from rich.console import Console
+    from rich.markup import escape
+
+    Console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/bold red] {escape(message)}")
+    raise typer.Exit(1)
+
+
+def _console() -> Any:
+    """The stdout console (created per call so that test runners can capture it)."""
+    from rich.console import Console
+
+    return Console()
+
+
+def _open_existing(store: str) -> Workspace:
+    """Open a store that must exist already (reading commands never create one)."""
+    from engagelake import Workspace
+
+    if "://" not in store and not Path(store).exists():
+        _fail(
+            f"no store at {store!r}; pass --store PATH, or create one with `engagelake demo` or `engagelake apply FILE`"
+        )
+    return Workspace.open(store)
+
+
+def _parse_fields(fields: str | None) -> list[str] | None:
+    """`a,b` → `["a", "b"]`, checked against the export field names."""
+    if fields is None:
+        return None
+    from engagelake.rules.messages import EXPORT_FIELDS
+
+    names = [name.strip() for name in fields.split(",") if name.strip()]
+    if not names:
+        _fail("--fields is empty; give comma-separated field names, e.g. --fields first_name,email")
+    if unknown := [name for name in names if name not in EXPORT_FIELDS]:
+        _fail(
+            f"unknown field(s) {', '.join(unknown)} in --fields; valid: {', '.join(EXPORT_FIELDS)}"
+        )
+    return names
+
+
+def _export_ids(
+    workspace: Workspace, external_ids: list[str], email: str | None, fields: list[str] | None
+) -> dict[str, Any]:
+    """One POST /users/export/ids; its body, or a red error with the API's message."""
+    from engagelake.rules.messages import EXPORT_FIELDS
+
+    body: dict[str, Any] = {"fields_to_export": fields or list(EXPORT_FIELDS)}
+    if external_ids:
+        body["external_ids"] = external_ids
+    if email is not None:
+        body["email_address"] = email
+    response = workspace.call("POST", "/users/export/ids", body)
+    if response.status != 200 or response.body is None:
+        _fail(
+            f"/users/export/ids answered {response.status}: {(response.body or {}).get('message')}"
+        )
+    return response.body
+
+
+def _write_export(users: list[dict[str, Any]], out: Path) -> None:
+    """Write users.ndjson and users.parquet into `out` and say where."""
+    from engagelake.files import write_users_files
+
+    ndjson, parquet = write_users_files(users, out)
+    _console().print(f"wrote {len(users):,} users to {ndjson} and {parquet}")
+
+
+def _applied_row(applied: AppliedFile) -> tuple[str, ...]:
+    """One summary row of an applied request file."""
+    statuses = ", ".join(f"{status}×{count}" for status, count in applied.statuses.items())
+    return (
+        applied.path.name, f"{applied.requests:,}", statuses, f"{applied.errors:,}",
+        f"{applied.seconds:.2f}",
+    )  # fmt: skip
+
+
+def _print_frame(frame: Any, limit: int) -> None:
+    """Print a polars frame as a rich table, at most `limit` rows."""
+    from rich.table import Table
+
+    table = Table(*frame.columns)
+    for row in frame.head(limit).iter_rows():
+        table.add_row(*("[dim]null[/dim]" if v is None else _cell(v) for v in row))
+    _console().print(table)
+    if frame.height > limit:
+        _console().print(f"[dim]… {frame.height - limit:,} more rows (--limit {limit})[/dim]")
+
+
+def _cell(value: Any) -> str:
+    """A table cell: the value's text, with rich markup escaped."""
+    from rich.markup import escape
+
+    return escape(str(value))

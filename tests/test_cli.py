@@ -1,0 +1,240 @@
+"""The `engagelake` command line through Typer's CliRunner, on real stores in tmp paths."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import polars as pl
+import pytest
+from typer.testing import CliRunner
+
+from engagelake import Workspace
+from engagelake.cli import app
+
+pytest_plugins = ["tests.prefect_harness"]
+
+runner = CliRunner()
+COMMANDS = ("demo", "apply", "export", "sql")
+HEAVY_MODULES = (
+    "polars",
+    "duckdb",
+    "deltalake",
+    "pyarrow",
+    "prefect",
+    "numpy",
+    "engagelake.workspace",
+)
+
+
+@pytest.mark.parametrize("command", [(), *((name,) for name in COMMANDS)])
+def test_every_command_has_help(command: tuple[str, ...]) -> None:
+    result = runner.invoke(app, [*command, "--help"])
+
+    assert result.exit_code == 0, result.output
+    assert "Usage: engagelake" in result.output
+    if command:
+        assert "--store" in result.output
+    else:
+        assert all(name in result.output for name in COMMANDS)
+
+
+def test_help_does_not_import_the_engine() -> None:
+    code = f"import sys, engagelake.cli; print([m for m in {HEAVY_MODULES!r} if m in sys.modules])"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+
+    assert out.stdout.strip() == "[]"
+
+
+@pytest.fixture(scope="module")
+def demo_run(tmp_path_factory: pytest.TempPathFactory, prefect_harness: None) -> tuple[Path, str]:
+    """`engagelake demo` once for this module: the store it filled and what it printed."""
+    root = tmp_path_factory.mktemp("demo")
+    args = ["demo", "--users", "200", "--objects", "2000", "--store", str(root / "store")]
+    result = runner.invoke(
+        app, [*args, "--requests-dir", str(root / "requests"), "--per-file", "7"]
+    )
+    assert result.exit_code == 0, result.output
+    return root, result.stdout
+
+
+def test_demo_generates_applies_and_summarizes(demo_run: tuple[Path, str]) -> None:
+    root, output = demo_run
+
+    ws = Workspace.open(root / "store")
+    assert ws.table("profiles").height == 200
+    events, purchases = ws.table("events").height, ws.table("purchases").height
+    assert 0 < events and 0 < purchases
+    summary = output[output.index("engagelake demo") :]
+    for label, value in (("users", 200), ("events", events), ("purchases", purchases)):
+        assert label in summary and f"{value:,}" in summary
+    assert "objects/s" in summary
+    requests = sorted((root / "requests").glob("requests-*.ndjson"))
+    assert len([p for p in requests if not p.name.endswith(".responses.ndjson")]) == 3
+    sample = orjson.loads(output[output.index("{", output.index("Sample export")) :])
+    assert [u["external_id"] for u in sample["users"]] == [
+        "user-000000",
+        "user-000001",
+        "user-000002",
+    ]
+    assert all("custom_attributes" in u for u in sample["users"])
+
+
+def test_sql_prints_a_table(demo_run: tuple[Path, str]) -> None:
+    root, _ = demo_run
+
+    result = runner.invoke(
+        app,
+        ["sql", "select count(*) as profile_count from profiles", "--store", str(root / "store")],
+    )
+
+    assert result.exit_code == 0, result.output
+    assert "profile_count" in result.stdout and "200" in result.stdout
+
+
+def test_sql_limits_rows(demo_run: tuple[Path, str]) -> None:
+    root, _ = demo_run
+
+    result = runner.invoke(
+        app,
+        ["sql", "select external_id from profiles", "--limit", "5", "--store", str(root / "store")],
+    )
+
+    assert result.exit_code == 0, result.output
+    assert "195 more rows" in result.stdout
+
+
+def test_a_bad_query_is_a_red_one_line_error(demo_run: tuple[Path, str]) -> None:
+    root, _ = demo_run
+
+    result = runner.invoke(
+        app, ["sql", "select * from no_such_table", "--store", str(root / "store")]
+    )
+
+    assert result.exit_code == 1
+    assert result.stderr.startswith("error: SQL error:") and "no_such_table" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert "Traceback" not in result.output
+
+
+def test_export_prints_the_api_response(demo_run: tuple[Path, str]) -> None:
+    root, _ = demo_run
+    args = [
+        "export",
+        "-e",
+        "user-000001",
+        "--external-id",
+        "nobody",
+        "--fields",
+        "external_id,first_name",
+    ]
+
+    result = runner.invoke(app, [*args, "--store", str(root / "store")])
+
+    assert result.exit_code == 0, result.output
+    body = orjson.loads(result.stdout)
+    assert body["message"] == "success"
+    assert [u["external_id"] for u in body["users"]] == ["user-000001"]
+    assert set(body["users"][0]) <= {"external_id", "first_name"}
+    assert body["invalid_user_ids"] == ["nobody"]
+
+
+def test_export_by_email(demo_run: tuple[Path, str]) -> None:
+    root, _ = demo_run
+    email = Workspace.open(root / "store").table("profiles")["email"].drop_nulls()[0]
+
+    result = runner.invoke(
+        app, ["export", "--email", email, "--fields", "email", "--store", str(root / "store")]
+    )
+
+    assert result.exit_code == 0, result.output
+    assert [u["email"] for u in orjson.loads(result.stdout)["users"]] == [email]
+
+
+def test_export_all_writes_both_files(demo_run: tuple[Path, str], tmp_path: Path) -> None:
+    root, _ = demo_run
+
+    result = runner.invoke(
+        app, ["export", "--all", "--out", str(tmp_path), "--store", str(root / "store")]
+    )
+
+    assert result.exit_code == 0, result.output
+    assert "wrote 200 users" in result.stdout
+    assert len((tmp_path / "users.ndjson").read_bytes().splitlines()) == 200
+    assert pl.read_parquet(tmp_path / "users.parquet").height == 200
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["export"], "nothing to export"),
+        (["export", "--all"], "--all needs --out DIR"),
+        (["export", "--all", "--out", "x", "-e", "u1"], "--all exports every user"),
+        (["export", "-e", "u1", "--fields", "first_name,shoe_size"], "unknown field(s) shoe_size"),
+        (["sql", "select 1", "--store", "no/such/store"], "no store at 'no/such/store'"),
+        (["apply", "no/such/file.ndjson"], "no such request file: no/such/file.ndjson"),
+    ],
+)
+def test_bad_input_says_what_to_fix(args: list[str], message: str, tmp_path: Path) -> None:
+    result = runner.invoke(
+        app, [*args, "--store", str(tmp_path / "store")] if "--store" not in args else args
+    )
+
+    assert result.exit_code == 1, result.output
+    assert result.stderr.startswith("error: ") and message in result.stderr
+    assert "Traceback" not in result.output
+
+
+def test_apply_applies_files_once_and_summarizes(tmp_path: Path) -> None:
+    event = {"external_id": "user-1", "name": "session_start", "time": "2026-11-20T10:00:00Z"}
+    requests = [
+        {"method": "POST", "path": "/users/track", "body": {"events": [event]}},
+        {"method": "POST", "path": "/users/track", "body": {"events": [{"name": "no identifier"}]}},
+        {"method": "POST", "path": "/users/track", "body": {}},
+    ]
+    path = tmp_path / "batch.ndjson"
+    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in requests))
+    args = ["apply", str(path), "--store", str(tmp_path / "store")]
+
+    first = runner.invoke(app, args)
+    second = runner.invoke(app, args)
+
+    assert first.exit_code == 0 and second.exit_code == 0, first.output + second.output
+    for result in (first, second):
+        row = next(line for line in result.stdout.splitlines() if "batch.ndjson" in line)
+        assert [cell.strip() for cell in row.split("│")[1:5]] == [
+            "batch.ndjson",
+            "3",
+            "201×2, 400×1",
+            "1",
+        ]
+    assert Workspace.open(tmp_path / "store").table("events").height == 1
+    statuses = [
+        orjson.loads(line)["status"]
+        for line in (tmp_path / "batch.responses.ndjson").read_bytes().splitlines()
+    ]
+    assert statuses == [201, 201, 400]
+
+
+def test_apply_an_empty_folder_is_a_red_error(tmp_path: Path) -> None:
+    (tmp_path / "requests").mkdir()
+
+    result = runner.invoke(
+        app, ["apply", str(tmp_path / "requests"), "--store", str(tmp_path / "store")]
+    )
+
+    assert result.exit_code == 1
+    assert "no .ndjson or .parquet request files in" in result.stderr
+
+
+def test_apply_a_broken_file_is_a_red_error(tmp_path: Path) -> None:
+    (tmp_path / "broken.ndjson").write_text('{"method": "POST"}\n')
+
+    result = runner.invoke(
+        app, ["apply", str(tmp_path / "broken.ndjson"), "--store", str(tmp_path / "store")]
+    )
+
+    assert result.exit_code == 1
+    assert "broken.ndjson line 1: 'path' must be a string" in result.stderr

@@ -1,0 +1,252 @@
+"""The Prefect flows end to end: real flows, a real Delta store in tmp_path, real files."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import orjson
+import polars as pl
+import pytest
+from polars.testing import assert_frame_equal
+from prefect.states import Failed
+
+from engagelake import Workspace
+from engagelake.demo import count_objects, generate_workload, write_request_files
+from engagelake.files import RequestFileError, read_request_file, read_responses_file
+from engagelake.rules.messages import EXPORT_FIELDS
+from flows._retry import is_transient_io_error
+from flows.export_batch import export_all, export_batch
+from flows.track_batch import track_batch
+
+pytest_plugins = ["tests.prefect_harness"]
+pytestmark = pytest.mark.usefixtures("prefect_harness")
+
+NOW = datetime(2026, 11, 22, tzinfo=UTC)
+TRACK = "/users/track"
+
+
+def workload(folder: Path, *, users: int = 60, objects: int = 900, per_file: int = 3) -> list[Path]:
+    """Write a generated workload as NDJSON request files; return their paths."""
+    return write_request_files(generate_workload(users, objects, seed=3, now=NOW), folder, per_file)
+
+
+def requests_of(paths: list[Path]) -> list[dict[str, Any]]:
+    return [request for path in paths for request in read_request_file(path).requests]
+
+
+def tables(store: Path) -> dict[str, pl.DataFrame]:
+    ws = Workspace.open(store)
+    return {name: ws.table(name) for name in ws.table_names()}
+
+
+def store_files(store: Path) -> dict[str, bytes]:
+    """Every file of the store and its bytes: proves that a re-run writes nothing."""
+    return {
+        str(p.relative_to(store)): p.read_bytes() for p in sorted(store.rglob("*")) if p.is_file()
+    }
+
+
+def plan_of(store: Path, external_id: str) -> Any:
+    body = {"external_ids": [external_id], "fields_to_export": ["custom_attributes"]}
+    users = Workspace.open(store).call("POST", "/users/export/ids", body).body["users"]  # type: ignore[index]
+    return users[0]["custom_attributes"]["plan"]
+
+
+def test_track_batch_applies_each_file_and_writes_its_responses(tmp_path: Path) -> None:
+    paths = workload(tmp_path / "requests")
+    store = tmp_path / "store"
+
+    applied = track_batch(str(tmp_path / "requests"), str(store))
+
+    assert [a.path for a in applied] == paths
+    requests = requests_of(paths)
+    for a in applied:
+        lines = read_responses_file(a.responses_path)
+        assert a.responses_path == a.path.with_name(a.path.stem + ".responses.ndjson")
+        assert len(lines) == a.requests == len(read_request_file(a.path).requests)
+        assert all(line["status"] == 201 and line["body"]["message"] == "success" for line in lines)
+        assert a.statuses == {201: a.requests}
+    ws = Workspace.open(store)
+    bodies = [r["body"] for r in requests]
+    ids = {
+        o["external_id"]
+        for b in bodies
+        for name in ("attributes", "events", "purchases")
+        for o in b.get(name, [])
+    }
+    assert ws.table("profiles").height == len(ids)
+    assert ws.table("events").height == sum(len(b.get("events", [])) for b in bodies)
+    assert ws.table("purchases").height == sum(len(b.get("purchases", [])) for b in bodies)
+    assert sum(count_objects(r) for r in requests) == 900
+
+
+def test_track_batch_rerun_returns_stored_responses_and_changes_nothing(tmp_path: Path) -> None:
+    folder, store = tmp_path / "requests", tmp_path / "store"
+    workload(folder)
+    first = track_batch(str(folder), str(store))
+    responses = {a.responses_path: a.responses_path.read_bytes() for a in first}
+    before_tables, before_files = tables(store), store_files(store)
+
+    second = track_batch(str(folder), str(store))
+
+    assert [(a.path, a.statuses) for a in second] == [(a.path, a.statuses) for a in first]
+    assert {a.responses_path: a.responses_path.read_bytes() for a in second} == responses
+    assert store_files(store) == before_files
+    after = tables(store)
+    for name, frame in before_tables.items():
+        assert_frame_equal(after[name], frame)
+
+
+def test_the_flow_and_the_library_share_the_idempotency_key(tmp_path: Path) -> None:
+    folder, store = tmp_path / "requests", tmp_path / "store"
+    [path] = workload(folder, users=10, objects=100, per_file=10)
+    [applied] = track_batch(str(folder), str(store))
+    events = Workspace.open(store).table("events").height
+
+    batch = read_request_file(path)
+    again = Workspace.open(store).apply(batch.requests, idempotency_key=batch.idempotency_key)
+
+    assert [{"status": r.status, "body": r.body} for r in again] == read_responses_file(
+        applied.responses_path
+    )
+    assert Workspace.open(store).table("events").height == events
+
+
+def test_a_changed_file_is_a_new_batch(tmp_path: Path) -> None:
+    folder, store = tmp_path / "requests", tmp_path / "store"
+    folder.mkdir()
+    event = {"external_id": "user-1", "name": "session_start", "time": "2026-11-20T10:00:00Z"}
+    request = {"method": "POST", "path": TRACK, "body": {"events": [event]}}
+    (folder / "batch.ndjson").write_bytes(orjson.dumps(request) + b"\n")
+    track_batch(str(folder), str(store))
+    (folder / "batch.ndjson").write_bytes(
+        orjson.dumps(request) + b"\n" + orjson.dumps(request) + b"\n"
+    )
+
+    track_batch(str(folder), str(store))
+
+    assert Workspace.open(store).table("events").height == 3
+
+
+def test_parquet_and_ndjson_files_apply_in_sorted_name_order(tmp_path: Path) -> None:
+    folder, store = tmp_path / "requests", tmp_path / "store"
+    folder.mkdir()
+    create = {"attributes": [{"external_id": "user-1", "plan": "free"}]}
+    pl.DataFrame(
+        {
+            "method": ["POST", "POST", "GET"],
+            "path": [TRACK, TRACK, "/no/such/endpoint"],
+            "body": [orjson.dumps(create).decode(), "{not json", None],
+            "query": [None, None, '{"page": "1"}'],
+        },
+        schema={"method": pl.String, "path": pl.String, "body": pl.String, "query": pl.String},
+    ).write_parquet(folder / "a.parquet")
+    upgrade = {"attributes": [{"external_id": "user-1", "plan": "pro"}]}
+    (folder / "b.ndjson").write_bytes(
+        orjson.dumps({"method": "POST", "path": TRACK, "body": upgrade})
+    )
+
+    a, b = track_batch(str(folder), str(store))
+
+    assert [line["status"] for line in read_responses_file(a.responses_path)] == [201, 400, 404]
+    assert (folder / "a.responses.ndjson").exists() and (folder / "b.responses.ndjson").exists()
+    assert b.statuses == {201: 1}
+    assert plan_of(store, "user-1") == "pro"
+
+
+def test_request_files_with_the_same_stem_are_refused(tmp_path: Path) -> None:
+    (tmp_path / "x.ndjson").write_text("")
+    pl.DataFrame({"method": ["POST"], "path": [TRACK], "body": ["{}"]}).write_parquet(
+        tmp_path / "x.parquet"
+    )
+
+    with pytest.raises(RequestFileError, match="share a name: x"):
+        track_batch(str(tmp_path), str(tmp_path / "store"))
+
+
+def test_a_broken_request_file_names_the_file_and_line(tmp_path: Path) -> None:
+    good = orjson.dumps({"method": "POST", "path": TRACK, "body": {}}).decode()
+    (tmp_path / "broken.ndjson").write_text(f"{good}\n{{oops\n")
+
+    with pytest.raises(RequestFileError, match=r"broken\.ndjson line 2: not valid JSON"):
+        track_batch(str(tmp_path), str(tmp_path / "store"))
+
+
+@pytest.mark.parametrize(
+    ("error", "retried"),
+    [
+        (OSError("connection reset"), True),
+        (TimeoutError("object store timed out"), True),
+        (FileNotFoundError("gone"), False),
+        (PermissionError("denied"), False),
+        (ValueError("bad input"), False),
+        (RequestFileError("bad file"), False),
+    ],
+)
+def test_tasks_retry_on_transient_io_errors_only(error: BaseException, retried: bool) -> None:
+    assert is_transient_io_error(None, None, Failed(data=error)) is retried
+
+
+@pytest.fixture(scope="module")
+def tracked_store(tmp_path_factory: pytest.TempPathFactory, prefect_harness: None) -> Path:
+    """A store holding a generated workload of 60 users (user-000000 ... user-000059)."""
+    folder = tmp_path_factory.mktemp("tracked")
+    workload(folder / "requests")
+    track_batch(str(folder / "requests"), str(folder / "store"))
+    return folder / "store"
+
+
+def test_export_batch_exports_in_chunks_and_writes_both_files(
+    tracked_store: Path, tmp_path: Path
+) -> None:
+    ids = [f"user-{n:06d}" for n in range(60)]
+    (tmp_path / "ids.txt").write_text("\n".join([*ids, "", "  user-000001  ", "nobody"]) + "\n")
+    out = tmp_path / "export"
+
+    result = export_batch(str(tmp_path / "ids.txt"), str(out), str(tracked_store))
+
+    assert result.users == 60 and result.invalid_user_ids == ["nobody"]
+    users = [orjson.loads(line) for line in (out / "users.ndjson").read_bytes().splitlines()]
+    assert [u["external_id"] for u in users] == ids
+    ws = Workspace.open(tracked_store)
+    expected = []
+    for start in (0, 50):
+        body = {"external_ids": ids[start : start + 50], "fields_to_export": list(EXPORT_FIELDS)}
+        expected += ws.call("POST", "/users/export/ids", body).body["users"]  # type: ignore[index]
+    assert users == expected
+    frame = pl.read_parquet(out / "users.parquet")
+    assert frame.height == 60
+    assert frame["external_id"].to_list() == ids
+    assert frame.schema["custom_attributes"] == pl.String
+    assert [orjson.loads(v) for v in frame["custom_attributes"]] == [
+        u["custom_attributes"] for u in users
+    ]
+
+
+def test_export_batch_takes_a_list_and_fields(tracked_store: Path, tmp_path: Path) -> None:
+    result = export_batch(
+        ["user-000002", "user-000001"], str(tmp_path / "out"), str(tracked_store), ["first_name"]
+    )
+
+    assert result.users == 2
+    users = [
+        orjson.loads(line) for line in (tmp_path / "out" / "users.ndjson").read_bytes().splitlines()
+    ]
+    assert [set(u) <= {"first_name"} for u in users] == [True, True]
+
+
+def test_export_all_writes_every_user(tracked_store: Path, tmp_path: Path) -> None:
+    result = export_all(
+        str(tmp_path / "all"), str(tracked_store), ["external_id", "custom_attributes"]
+    )
+
+    ws = Workspace.open(tracked_store)
+    assert result.users == ws.table("profiles").height == 60
+    lines = (tmp_path / "all" / "users.ndjson").read_bytes().splitlines()
+    assert [orjson.loads(line) for line in lines] == ws.export_users(
+        ["external_id", "custom_attributes"]
+    )
+    frame = pl.read_parquet(tmp_path / "all" / "users.parquet")
+    assert frame.columns == ["external_id", "custom_attributes"]
