@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import difflib
 import json
+import os
 import tempfile
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -465,20 +466,27 @@ def describe(reqs: list[dict]) -> None:
 
 
 engine_only = pytest.mark.skipif(Workspace is None, reason="engagelake.Workspace not available")
-SETTINGS = settings(
-    max_examples=40,
-    deadline=None,
-    suppress_health_check=[
-        HealthCheck.too_slow,
-        HealthCheck.function_scoped_fixture,
-        HealthCheck.data_too_large,
-    ],
-)
+
+
+def engine_settings(max_examples: int) -> settings:
+    """Modest example counts (every example opens a store on disk); scale them with the
+    ENGAGELAKE_PROPERTY_SCALE environment variable (e.g. 10 for a long run)."""
+    scale = float(os.environ.get("ENGAGELAKE_PROPERTY_SCALE", "1"))
+    return settings(
+        max_examples=max(1, int(max_examples * scale)),
+        deadline=None,
+        suppress_health_check=[
+            HealthCheck.too_slow,
+            HealthCheck.function_scoped_fixture,
+            HealthCheck.data_too_large,
+        ],
+    )
 
 
 # --- the properties --------------------------------------------------------------------------
+@pytest.mark.slow
 @engine_only
-@SETTINGS
+@engine_settings(15)
 @given(reqs=request_sequences)
 def test_call_mode_matches_model(reqs: list[dict]) -> None:
     describe(reqs)
@@ -495,8 +503,9 @@ def test_call_mode_matches_model(reqs: list[dict]) -> None:
             close(ws)
 
 
+@pytest.mark.slow
 @engine_only
-@SETTINGS
+@engine_settings(30)
 @given(reqs=request_sequences)
 def test_apply_mode_matches_model(reqs: list[dict]) -> None:
     describe(reqs)
@@ -513,8 +522,9 @@ def test_apply_mode_matches_model(reqs: list[dict]) -> None:
             close(ws)
 
 
+@pytest.mark.slow
 @engine_only
-@SETTINGS
+@engine_settings(20)
 @given(reqs=request_sequences, data=st.data())
 def test_apply_in_chunks_matches_model(reqs: list[dict], data: st.DataObject) -> None:
     describe(reqs)

@@ -152,8 +152,8 @@ def export_frame(state: State, users: pl.DataFrame, fields: list[str] | None, cl
             aliases.setdefault(sid, []).append({"alias_name": name, "alias_label": label})
     tokens: dict[str, list[dict[str, str]]] = {}
     if want & {"push_tokens", "devices"}:
-        tk = state["push_tokens"].join(users, on="service_id", how="semi").sort("update_seq", "app_id", "token")
-        for app_id, token, device_id, sid, _ in tk.iter_rows():
+        tk = state["push_tokens"].join(users, on="service_id", how="semi").sort("update_seq", "pos")
+        for app_id, token, device_id, sid in tk.select("app_id", "token", "device_id", "service_id").iter_rows():
             t = {"app": app_id, "token": token}
             if device_id is not None:
                 t["device_id"] = device_id

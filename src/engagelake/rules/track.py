@@ -400,9 +400,9 @@ def _changes(b: _Batch) -> tuple[Changes, int]:
     # push tokens: the last owner of each token
     tok_parts = pl.col("tkey").str.split_exact(SEP, 1)
     changes.upsert("push_tokens", b.owner_tl.sort("tkey", "seq", "pos").group_by("tkey").agg(
-        pl.col("sid").last(), pl.col("device_id").last(), pl.col("seq").last()
+        pl.col("sid").last(), pl.col("device_id").last(), pl.col("seq").last(), pl.col("pos").last()
     ).select(app_id=tok_parts.struct.field("field_0"), token=tok_parts.struct.field("field_1"),
-             device_id="device_id", service_id=real("sid"), update_seq=pl.col("seq") + gbase))
+             device_id="device_id", service_id=real("sid"), update_seq=pl.col("seq") + gbase, pos="pos"))
     # event and purchase logs
     for name, frame in (("events", b.valid.events), ("purchases", b.valid.purchases)):
         changes.upsert(name, frame.join(b.accepted, on="seq").sort("seq").with_columns(

@@ -35,7 +35,7 @@ SCHEMAS: dict[str, dict[str, pl.DataType]] = {
     "subscriptions": {"service_id": pl.String(), "group_id": pl.String(), "state": pl.String()},
     "push_tokens": {
         "app_id": pl.String(), "token": pl.String(), "device_id": pl.String(),
-        "service_id": pl.String(), "update_seq": pl.Int64(),
+        "service_id": pl.String(), "update_seq": pl.Int64(), "pos": pl.Int64(),
     },
     "events": {
         "service_id": pl.String(), "name": pl.String(), "time": UTC_TS, "app_id": pl.String(),
