@@ -33,41 +33,51 @@ def _q(con: duckdb.DuckDBPyConnection, sql: str) -> pl.DataFrame:
     return pl.from_arrow(con.sql(sql).to_arrow_table())  # type: ignore[return-value]
 
 
-_REQUESTS_SQL = """
-SELECT req,
-       json_type(j) AS body_type,
-       {facts}
-FROM b
-"""
-
-_FACTS = ",\n       ".join(
-    f"json_type(j, '$.{a}') AS {a}_type, "
-    f"CASE WHEN json_type(j, '$.{a}') = 'ARRAY' THEN json_array_length(j, '$.{a}') END AS {a}_len"
-    for a in ARRAYS
+FIXED = (
+    "external_id", "user_alias", "service_id", "email", "phone", "_update_existing_only",
+    "push_token_import", "name", "time", "app_id", "product_id", "currency", "price", "quantity",
+    "properties", "push_tokens", "subscription_groups",
 )
+_FIXED_STRUCT = "{" + ", ".join(f'"{k}": "JSON"' for k in FIXED) + "}"
+_ARRAYS_STRUCT = "{" + ", ".join(f'"{a}": "JSON"' for a in ARRAYS) + "}"
+
+# Each body and each object is parsed once: json_transform pulls the fixed fields out as small
+# JSON values (a JSON null reads as absent, which is what every fixed field means by null).
+_REQUESTS_SQL = f"""
+CREATE TEMP TABLE b AS
+SELECT req, body_type,
+       {", ".join(
+           f"CASE WHEN list_contains(keys, '{a}') THEN coalesce(json_type(t.{a}), 'NULL') END AS {a}_type, "
+           f"CASE WHEN json_type(t.{a}) = 'ARRAY' THEN t.{a} END AS {a}_json"
+           for a in ARRAYS)}
+FROM (
+  SELECT req, json_type(j) AS body_type,
+         CASE WHEN json_type(j) = 'OBJECT' THEN json_keys(j) END AS keys,
+         CASE WHEN json_type(j) = 'OBJECT' THEN json_transform(j, '{_ARRAYS_STRUCT}') END AS t
+  FROM (SELECT req, body::JSON AS j FROM bodies)
+)
+"""
 
 _ELEMENTS_SQL = """
 SELECT req, {arr_no} AS arr, i AS idx, e
 FROM (
-  SELECT req,
-         unnest(json_extract(j, '$.{arr}[*]')) AS e,
-         unnest(generate_series(0, json_array_length(j, '$.{arr}')::BIGINT - 1)) AS i
-  FROM b WHERE json_type(j, '$.{arr}') = 'ARRAY'
+  SELECT req, unnest(l) AS e, unnest(generate_series(0, len(l) - 1)) AS i
+  FROM (SELECT req, json_transform({arr}_json, '["JSON"]') AS l FROM b WHERE {arr}_json IS NOT NULL)
 )
 """
 
 
-def _field(path: str, name: str) -> str:
-    return f"json_type(e, '$.{path}') AS {name}_t, e->>'$.{path}' AS {name}"
+def _field(key: str, name: str) -> str:
+    return f"json_type(f.{key}) AS {name}_t, f.{key}->>'$' AS {name}"
 
 
 _OBJECT_COLUMNS = ",\n  ".join(
     [
-        "json_type(e) AS obj_t",
+        "obj_t",
         _field("external_id", "ext"),
-        "json_type(e, '$.user_alias') AS alias_t",
-        _field("user_alias.alias_name", "alias_name"),
-        _field("user_alias.alias_label", "alias_label"),
+        "json_type(f.user_alias) AS alias_t",
+        "json_type(f.user_alias, '$.alias_name') AS alias_name_t, f.user_alias->>'$.alias_name' AS alias_name",
+        "json_type(f.user_alias, '$.alias_label') AS alias_label_t, f.user_alias->>'$.alias_label' AS alias_label",
         _field("service_id", "sid"),
         _field("email", "email"),
         _field("phone", "phone"),
@@ -80,14 +90,14 @@ _OBJECT_COLUMNS = ",\n  ".join(
         _field("currency", "currency"),
         _field("price", "price"),
         _field("quantity", "quantity"),
-        "json_type(e, '$.properties') AS props_t",
-        "CASE WHEN json_type(e, '$.properties') = 'OBJECT' THEN json_extract(e, '$.properties')::VARCHAR END AS props",
-        "CASE WHEN json_type(e, '$.properties') = 'OBJECT' THEN json_keys(e, '$.properties') END AS props_keys",
-        "CASE WHEN json_type(e, '$.properties') = 'OBJECT' THEN list_bool_or(list_transform("
-        "map_values(json_transform(json_extract(e, '$.properties'), '\"MAP(VARCHAR, JSON)\"')), "
+        "json_type(f.properties) AS props_t",
+        "CASE WHEN json_type(f.properties) = 'OBJECT' THEN f.properties::VARCHAR END AS props",
+        "CASE WHEN json_type(f.properties) = 'OBJECT' THEN json_keys(f.properties) END AS props_keys",
+        "CASE WHEN json_type(f.properties) = 'OBJECT' THEN list_bool_or(list_transform("
+        "map_values(json_transform(f.properties, '\"MAP(VARCHAR, JSON)\"')), "
         "lambda x: coalesce(json_type(x) IN ('OBJECT', 'ARRAY'), false))) END AS props_nested",
-        "json_type(e, '$.push_tokens') AS tokens_t",
-        "json_type(e, '$.subscription_groups') AS groups_t",
+        "json_type(f.push_tokens) AS tokens_t",
+        "json_type(f.subscription_groups) AS groups_t",
     ]
 )
 
@@ -97,21 +107,26 @@ def parse_track(bodies: pa.Table) -> ParsedTrack:
     con = duckdb.connect()
     try:
         con.register("bodies", bodies)
-        con.execute("CREATE TEMP TABLE b AS SELECT req, body::JSON AS j FROM bodies")
-        requests = _q(con, _REQUESTS_SQL.format(facts=_FACTS))
+        con.execute(_REQUESTS_SQL)
+        requests = _q(con, "SELECT req, body_type, "
+                      + ", ".join(f"{a}_type, json_array_length({a}_json) AS {a}_len" for a in ARRAYS)
+                      + " FROM b")
         elements = " UNION ALL ".join(
             _ELEMENTS_SQL.format(arr=a, arr_no=n) for n, a in enumerate(ARRAYS)
         )
         con.execute(
-            f"CREATE TEMP TABLE o AS SELECT row_number() OVER (ORDER BY req, arr, idx) - 1 AS seq, * "
-            f"FROM ({elements})"
+            f"""CREATE TEMP TABLE o AS
+                SELECT row_number() OVER (ORDER BY req, arr, idx) - 1 AS seq, req, arr, idx, e,
+                       coalesce(json_type(e), 'NULL') AS obj_t,
+                       CASE WHEN json_type(e) = 'OBJECT' THEN json_transform(e, '{_FIXED_STRUCT}') END AS f
+                FROM ({elements})"""
         )
         objects = _q(con, f"SELECT seq, req, arr, idx, {_OBJECT_COLUMNS} FROM o ORDER BY seq")
         # keys of attributes objects, in key order; MAP keeps the object's key order
         con.execute(
             """CREATE TEMP TABLE m AS
                SELECT seq, json_transform(e, '"MAP(VARCHAR, JSON)"') AS m
-               FROM o WHERE arr = 0 AND json_type(e) = 'OBJECT'"""
+               FROM o WHERE arr = 0 AND obj_t = 'OBJECT'"""
         )
         pairs = _q(
             con,
@@ -142,8 +157,7 @@ def _list_elements(con: duckdb.DuckDBPyConnection, key: str, fields: tuple[str, 
     return _q(
         con,
         f"""SELECT seq, pos, json_type(x) AS elem_t, {cols} FROM (
-              SELECT seq,
-                     unnest(json_extract(e, '$.{key}[*]')) AS x,
-                     unnest(generate_series(0, json_array_length(e, '$.{key}')::BIGINT - 1)) AS pos
-              FROM o WHERE arr = 0 AND json_type(e, '$.{key}') = 'ARRAY')""",
+              SELECT seq, unnest(l) AS x, unnest(generate_series(0, len(l) - 1)) AS pos
+              FROM (SELECT seq, json_transform(f.{key}, '["JSON"]') AS l
+                    FROM o WHERE arr = 0 AND json_type(f.{key}) = 'ARRAY'))""",
     )

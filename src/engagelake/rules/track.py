@@ -306,7 +306,7 @@ def apply_track(state: State, parsed: ParsedTrack, valid: ValidTrack, *, clock: 
     """Apply a run of track requests to `state`: responses per request and the table changes."""
     b = _Batch(state, parsed, valid, clock, seed)
     b.run()
-    n_objects = int(parsed.objects["seq"].max() or 0) + 1 if parsed.objects.height else 0
+    n_objects = parsed.objects.height  # seq runs 0..height-1
     changes, next_n = _changes(b)
     return TrackOutcome(
         responses=_responses(parsed, valid, b.rejected),
