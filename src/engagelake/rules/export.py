@@ -94,16 +94,20 @@ def match_users(state: State, body: dict[str, Any]) -> tuple[pl.DataFrame, list[
     req = pl.DataFrame(wanted, schema={"kind": pl.String, "key": pl.String, "given": pl.String},
                        orient="row").with_row_index("order")
     prof = state["profiles"]
+    sources = {
+        "ext": state["external_ids"].select(pl.col("external_id").alias("key"), "service_id"),
+        "alias": state["aliases"].select((pl.col("alias_label") + "\x1f" + pl.col("alias_name")).alias("key"),
+                                         "service_id"),
+        "sid": prof.select(pl.col("service_id").alias("key"), "service_id"),
+        "device": state["push_tokens"].select(pl.col("device_id").alias("key"), "service_id"),
+        "email": prof.select(pl.col("email").alias("key"), "service_id"),
+        "phone": prof.select(pl.col("phone").alias("key"), "service_id"),
+    }
+    # scan only the identifier kinds the request uses, filtered to its keys
     index = pl.concat([
-        state["external_ids"].select(pl.lit("ext").alias("kind"), pl.col("external_id").alias("key"), "service_id"),
-        state["aliases"].select(pl.lit("alias").alias("kind"),
-                                (pl.col("alias_label") + "\x1f" + pl.col("alias_name")).alias("key"), "service_id"),
-        prof.select(pl.lit("sid").alias("kind"), pl.col("service_id").alias("key"), "service_id"),
-        state["push_tokens"].filter(pl.col("device_id").is_not_null()).select(
-            pl.lit("device").alias("kind"), pl.col("device_id").alias("key"), "service_id"),
-        prof.filter(pl.col("email").is_not_null()).select(pl.lit("email").alias("kind"), pl.col("email").alias("key"), "service_id"),
-        prof.filter(pl.col("phone").is_not_null()).select(pl.lit("phone").alias("kind"), pl.col("phone").alias("key"), "service_id"),
-    ])
+        sources[kind].filter(pl.col("key").is_in(keys["key"].implode())).with_columns(kind=pl.lit(kind))
+        for (kind,), keys in req.group_by("kind")
+    ]).select("kind", "key", "service_id")
     hits = req.join(index, on=["kind", "key"], how="left")
     invalid = hits.filter(pl.col("service_id").is_null())["given"].unique(maintain_order=True).to_list()
     users = (

@@ -78,28 +78,62 @@ class _Batch:
         self.imports = self.ok.filter(pl.col("import_mode"))
         regular = self.ok.filter(~pl.col("import_mode"))
         self.kind_of = regular.select("seq", "kind")
-        prof = state["profiles"]
-        self.prof = prof.select(
-            pl.col("service_id").alias("sid"), "email", "phone", "updated_at", "update_seq",
-            pl.col("external_id").is_not_null().alias("has_ext"),
-        )
         self._resolve_strong(regular)
         self.dynamic = regular.filter(pl.col("kind").is_in(["email", "phone", "sid"]))
         self.import_tokens = valid.tokens.join(self.imports.select("seq"), on="seq").with_columns(
             tkey=pl.col("app_id") + SEP + pl.col("token"))
-        self.state_tokens = state["push_tokens"].select(
-            tkey=pl.col("app_id") + SEP + pl.col("token"), sid=pl.col("service_id"))
+        batch_tokens = valid.tokens.select(tkey=pl.col("app_id") + SEP + pl.col("token")).unique()
+        self.state_tokens = (
+            state["push_tokens"].select(tkey=pl.col("app_id") + SEP + pl.col("token"), sid=pl.col("service_id"))
+            .filter(pl.col("tkey").is_in(batch_tokens["tkey"].implode()))
+        )
+        self.prof = self._relevant_profiles(regular)
+
+    def _relevant_profiles(self, regular: pl.DataFrame) -> pl.DataFrame:
+        """The state profiles this batch can read or touch: its static targets, holders of the
+        emails and phones it names, service IDs it names, owners of its push tokens. Every later
+        lookup joins against this small frame instead of the whole store."""
+        prof = self.state["profiles"]
+        fields = self.valid.fields
+        strong_sids = self.strong_targets.filter(pl.col("target").is_not_null())["target"].unique()
+        target_emails = prof.filter(pl.col("service_id").is_in(strong_sids.implode()))["email"].drop_nulls()
+        emails = pl.concat([
+            regular.filter(pl.col("kind") == "email")["key"],
+            fields.filter(pl.col("field") == "email")["value"].drop_nulls(),
+            target_emails,
+        ]).unique()
+        phones = pl.concat([
+            regular.filter(pl.col("kind") == "phone")["key"],
+            fields.filter(pl.col("field") == "phone")["value"].drop_nulls(),
+        ]).unique()
+        sids = pl.concat([
+            strong_sids,
+            regular.filter(pl.col("kind") == "sid")["key"],
+            self.state_tokens["sid"],
+        ]).unique()
+        keep = (
+            pl.col("service_id").is_in(sids.implode())
+            | pl.col("email").is_in(emails.implode())
+            | pl.col("phone").is_in(phones.implode())
+        )
+        return prof.filter(keep).select(
+            pl.col("service_id").alias("sid"), "email", "phone", "updated_at", "update_seq",
+            pl.col("external_id").is_not_null().alias("has_ext"),
+        )
 
     # --- static part ---------------------------------------------------------------------------
     def _resolve_strong(self, regular: pl.DataFrame) -> None:
+        strong = regular.filter(pl.col("kind").is_in(["ext", "alias"]))
+        ext_keys = strong.filter(pl.col("kind") == "ext")["key"].unique().implode()
+        alias_keys = strong.filter(pl.col("kind") == "alias")["key"].unique().implode()
         idx = pl.concat([
-            self.state["external_ids"].select(pl.lit("ext").alias("kind"), pl.col("external_id").alias("key"),
-                                              pl.col("service_id").alias("sid0")),
+            self.state["external_ids"].filter(pl.col("external_id").is_in(ext_keys)).select(
+                pl.lit("ext").alias("kind"), pl.col("external_id").alias("key"), pl.col("service_id").alias("sid0")),
             self.state["aliases"].select(pl.lit("alias").alias("kind"),
                                          (pl.col("alias_label") + SEP + pl.col("alias_name")).alias("key"),
-                                         pl.col("service_id").alias("sid0")),
+                                         pl.col("service_id").alias("sid0")).filter(pl.col("key").is_in(alias_keys)),
         ])
-        strong = regular.filter(pl.col("kind").is_in(["ext", "alias"])).join(idx, on=["kind", "key"], how="left")
+        strong = strong.join(idx, on=["kind", "key"], how="left")
         creators = (
             strong.filter(pl.col("sid0").is_null() & pl.col("can_create"))
             .group_by("kind", "key").agg(pl.col("seq").min().alias("cseq"))
@@ -319,10 +353,9 @@ def apply_track(state: State, parsed: ParsedTrack, valid: ValidTrack, *, clock: 
 def _changes(b: _Batch) -> tuple[Changes, int]:
     state, clock, gbase = b.state, b.clock, b.gbase
     ids = b.real_ids(b.creations)
-    temps, reals = ids["temp"].to_list(), ids["service_id"].to_list()
 
     def real(col: str) -> pl.Expr:
-        return pl.col(col).replace(temps, reals) if temps else pl.col(col)
+        return pl.col(col).replace(ids["temp"], ids["service_id"]) if ids.height else pl.col(col)
 
     changes = Changes()
     now = pl.lit(clock).cast(UTC_TS)
