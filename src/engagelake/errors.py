@@ -11,3 +11,7 @@ class StoreError(EngagelakeError):
 
 class ConfigError(EngagelakeError):
     """A setting or argument is wrong; the message says what to fix."""
+
+
+class StaleStoreError(StoreError):
+    """Another writer committed while a batch was being computed; recompute and retry."""

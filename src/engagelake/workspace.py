@@ -18,6 +18,7 @@ import orjson
 import polars as pl
 import pyarrow as pa
 
+from engagelake.errors import StaleStoreError, StoreError
 from engagelake.rules import messages as M
 from engagelake.rules.export import export_frame, export_ids
 from engagelake.rules.parse import parse_track
@@ -100,13 +101,21 @@ class Workspace:
 
     def apply(self, requests: Iterable[dict[str, Any]], *, idempotency_key: str | None = None) -> list[Response]:
         """Apply many requests in order, as one atomic batch; same result as one by one."""
-        if idempotency_key is not None:
-            stored = self.store.find_batch(idempotency_key)
-            if stored is not None:
-                return [Response(s, b) for s, b in stored]
+        requests = list(requests)
+        for _ in range(3):  # another writer may commit between our read and our commit
+            if idempotency_key is not None:
+                stored = self.store.find_batch(idempotency_key)
+                if stored is not None:
+                    return [Response(s, b) for s, b in stored]
+            try:
+                return self._apply_once(requests, idempotency_key)
+            except StaleStoreError:
+                continue
+        raise StoreError(f"the store at {self.store.uri} kept changing under this batch; retry later")
+
+    def _apply_once(self, requests: list[dict[str, Any]], idempotency_key: str | None) -> list[Response]:
         state = self.state
         clock = self.clock()
-        requests = list(requests)
         responses: list[Response | None] = [None] * len(requests)
         all_changes = Changes()
         pending: list[tuple[int, Any]] = []

@@ -6,16 +6,21 @@ rewrites existing files, so it costs what it writes, whatever the size of the st
 
 Atomicity across tables: the `_ledger` table is the commit point. A batch appends to each table
 (one Delta commit each), then appends one ledger row naming every table's version. Readers load
-each table at the version the last ledger row names, so they never see half a batch. A writer
-that finds a table ahead of the ledger (a crash between the two steps) restores it to the
-ledger's version before writing; the batch then simply runs again.
+each table at the version the last ledger row names, so they never see half a batch and never
+change anything. Writers commit one at a time under a lock file; a writer holding the lock that
+finds a table ahead of the ledger (left by a writer that died between the two steps) restores it
+to the ledger's version before appending, so the dead batch's rows are never published; the
+batch then simply runs again.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -25,7 +30,7 @@ import orjson
 import polars as pl
 from deltalake import DeltaTable, write_deltalake
 
-from engagelake.errors import StoreError
+from engagelake.errors import StaleStoreError, StoreError
 from engagelake.rules.state import Changes, State
 from engagelake.store.schema import KEYS, SCHEMAS, TABLES, UTC_TS
 
@@ -74,7 +79,6 @@ class DeltaStore:
         if not DeltaTable.is_deltatable(self._path(LEDGER)):
             self._create(seed or uuid.uuid4().hex)
         self.head = self._read_head()
-        self._recover()
 
     def _path(self, name: str) -> str:
         return f"{self.uri.rstrip('/')}/{name}"
@@ -114,11 +118,25 @@ class DeltaStore:
         return Head(r["batch_no"], orjson.loads(r["versions"]), r["next_profile_n"], r["next_update_seq"], r["seed"])
 
     def _recover(self) -> None:
-        """Roll back tables that hold writes of a batch that never reached the ledger."""
+        """Roll back tables that hold writes of a batch that never reached the ledger (a dead
+        writer's); only called under the writer lock, so no live writer is mid-commit."""
         for name, version in self.head.versions.items():
             table = DeltaTable(self._path(name))
             if table.version() > version:
                 table.restore(version)
+
+    @contextmanager
+    def _writer_lock(self) -> Iterator[None]:
+        """One writer at a time (an advisory lock file; local stores only)."""
+        if "://" in self.uri:
+            yield
+            return
+        with open(Path(self.uri) / "_writer.lock", "w") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
 
     def refresh(self) -> bool:
         """Re-read the ledger; True when another writer committed since."""
@@ -155,7 +173,19 @@ class DeltaStore:
 
     def commit(self, changes: Changes, *, key: str | None, responses: list[Any], next_profile_n: int,
                next_update_seq: int) -> None:
-        """Write one batch: every table's rows, then the ledger row that makes them visible."""
+        """Write one batch: every table's rows, then the ledger row that makes them visible.
+        Raises StaleStoreError when another writer committed since this batch read the store."""
+        base = self.head.batch_no
+        with self._writer_lock():
+            self.head = self._read_head()
+            if self.head.batch_no != base:
+                raise StaleStoreError(f"the store at {self.uri} changed since this batch read it")
+            self._recover()
+            self._write_batch(changes, key=key, responses=responses, next_profile_n=next_profile_n,
+                              next_update_seq=next_update_seq)
+
+    def _write_batch(self, changes: Changes, *, key: str | None, responses: list[Any], next_profile_n: int,
+                     next_update_seq: int) -> None:
         batch_no = self.head.batch_no + 1
         versions = dict(self.head.versions)
         _failpoint("before_tables")

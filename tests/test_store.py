@@ -1,0 +1,268 @@
+"""The Delta store seen through Workspace: reopening, several Workspaces on one path, idempotency
+keys, readers against a torn batch, and the on-disk layout (a Delta table per store table)."""
+
+from __future__ import annotations
+
+import signal
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from deltalake import DeltaTable
+from tests.crash_worker import (
+    BATCH_1,
+    BATCH_2,
+    KEY_1,
+    KEY_2,
+    counts,
+    disk_versions,
+    run_worker,
+    snapshot,
+    tables_ahead,
+)
+
+import engagelake.store.delta as delta
+from engagelake import Workspace
+from engagelake.store.delta import LEDGER
+from engagelake.store.schema import SCHEMAS, TABLES
+
+NOW = datetime(2026, 11, 22, 12, tzinfo=UTC)
+SEED = "crash"  # BATCH_1 / BATCH_2 stores use the worker's seed
+TRACK = "/users/track"
+EXPORT = "/users/export/ids"
+
+
+def open_ws(path: Path, seed: str = SEED) -> Workspace:
+    return Workspace.open(path, clock=lambda: NOW, seed=seed)
+
+
+def ev(name: str, external_id: str = "u1") -> dict[str, Any]:
+    return {"events": [{"external_id": external_id, "name": name, "time": "2026-11-22T11:00:00Z"}]}
+
+
+def track(ws: Workspace, body: dict[str, Any]) -> None:
+    r = ws.call("POST", TRACK, body)
+    assert r.status == 201 and r.body is not None and "errors" not in r.body, r
+
+
+def event_names(ws: Workspace) -> list[str]:
+    return sorted(ws.table("events")["name"].to_list())
+
+
+def service_ids(ws: Workspace) -> list[str]:
+    return ws.table("profiles").sort("created_seq")["service_id"].to_list()
+
+
+# --- reopening -----------------------------------------------------------------------------------
+def test_reopen_sees_the_same_state(tmp_path: Path) -> None:
+    ws = open_ws(tmp_path / "s")
+    ws.apply(BATCH_1, idempotency_key=KEY_1)
+    ws.apply(BATCH_2, idempotency_key=KEY_2)
+    before = snapshot(ws)
+    assert before["head"][0] == 2 and len(before["export"]) == 5
+    del ws
+
+    assert snapshot(open_ws(tmp_path / "s")) == before
+    # the seed is the store's, fixed at creation: another seed on reopen changes nothing
+    assert snapshot(open_ws(tmp_path / "s", seed="other")) == before
+
+
+def test_reopen_continues_the_service_id_sequence(tmp_path: Path) -> None:
+    """The counters live in the ledger: a reopened store creates the users a never-closed one does."""
+    ws = open_ws(tmp_path / "s")
+    track(ws, {"attributes": [{"external_id": "u1", "a": 1}, {"external_id": "u2", "a": 2}]})
+    del ws
+    ws = open_ws(tmp_path / "s", seed="other")
+    track(ws, {"attributes": [{"external_id": "u3", "a": 3}]})
+
+    ref = open_ws(tmp_path / "ref")
+    track(ref, {"attributes": [{"external_id": "u1", "a": 1}, {"external_id": "u2", "a": 2}]})
+    track(ref, {"attributes": [{"external_id": "u3", "a": 3}]})
+    assert len(set(service_ids(ws))) == 3
+    assert snapshot(open_ws(tmp_path / "s")) == snapshot(ref)
+
+
+# --- two Workspaces on one path ------------------------------------------------------------------
+def test_second_workspace_sees_the_first_ones_commits(tmp_path: Path) -> None:
+    ws1 = open_ws(tmp_path / "s")
+    ws2 = open_ws(tmp_path / "s")
+    assert ws2.table("events").height == 0
+
+    track(ws1, ev("played"))
+    assert ws2.table("events").height == 1
+    assert ws2.table("profiles")["external_id"].to_list() == ["u1"]
+    assert ws2.export_users() == ws1.export_users()
+
+    # and back: ws2 writes on top of ws1's commit, with the next service_id, losing nothing
+    track(ws2, ev("won", "u2"))
+    assert event_names(ws1) == ["played", "won"]
+    assert len(set(service_ids(ws1))) == 2
+    assert snapshot(ws1) == snapshot(ws2) == snapshot(open_ws(tmp_path / "s"))
+
+
+# --- idempotency keys ----------------------------------------------------------------------------
+def test_same_key_applies_once_and_returns_the_stored_responses(tmp_path: Path) -> None:
+    ws = open_ws(tmp_path / "s")
+    batch = [
+        {"method": "POST", "path": TRACK, "body": ev("played")},
+        {
+            "method": "POST",
+            "path": EXPORT,
+            "body": {"external_ids": ["u1"], "fields_to_export": ["custom_events"]},
+        },
+    ]
+    first = ws.apply(batch, idempotency_key="k")
+    assert [r.status for r in first] == [201, 200]
+    assert first[1].body["users"][0]["custom_events"][0]["count"] == 1
+    versions = disk_versions(tmp_path / "s")
+
+    # Run again, the export would count 2 events: the stored answer says 1, and nothing is written.
+    assert ws.apply(batch, idempotency_key="k") == first
+    assert ws.table("events").height == 1
+    assert disk_versions(tmp_path / "s") == versions
+    # the key is in the store, not in the Workspace: a fresh one answers the same
+    other = open_ws(tmp_path / "s")
+    assert other.apply(batch, idempotency_key="k") == first
+    assert other.table("events").height == 1
+    assert disk_versions(tmp_path / "s") == versions
+
+    # another key is another batch
+    second = ws.apply(batch, idempotency_key="k2")
+    assert second[1].body["users"][0]["custom_events"][0]["count"] == 2
+    assert open_ws(tmp_path / "s").table("events").height == 2
+
+
+def test_same_key_with_nothing_to_write_still_returns_the_first_answer(tmp_path: Path) -> None:
+    ws = open_ws(tmp_path / "s")
+    export = [
+        {
+            "method": "POST",
+            "path": EXPORT,
+            "body": {"external_ids": ["u1"], "fields_to_export": ["external_id"]},
+        }
+    ]
+    first = ws.apply(export, idempotency_key="read")
+    assert first[0].status == 200 and first[0].body["users"] == []
+    track(ws, ev("played"))
+    assert ws.apply(export, idempotency_key="read") == first
+    assert ws.apply(export)[0].body["users"] == [{"external_id": "u1"}]
+
+
+def test_without_a_key_the_same_event_twice_records_two_events(tmp_path: Path) -> None:
+    ws = open_ws(tmp_path / "s")
+    track(ws, ev("played"))
+    track(ws, ev("played"))
+    ws.apply([{"method": "POST", "path": TRACK, "body": ev("played")}])
+    reopened = open_ws(tmp_path / "s")
+    assert reopened.table("events").height == 3
+    assert reopened.table("profiles").height == 1
+    [user] = reopened.export_users(["custom_events"])
+    assert user["custom_events"][0]["count"] == 3
+
+
+def test_a_batch_that_changes_nothing_writes_nothing(tmp_path: Path) -> None:
+    ws = open_ws(tmp_path / "s")
+    track(ws, ev("played"))
+    versions = disk_versions(tmp_path / "s")
+    r = ws.call("POST", TRACK, {"events": [{"external_id": "u1", "time": "2026-11-22T11:00:00Z"}]})
+    assert r.status == 400 or "errors" in (r.body or {}), r  # no event name: nothing to record
+    ws.call("POST", EXPORT, {"external_ids": ["u1"], "fields_to_export": ["external_id"]})
+    ws.call("GET", "/nowhere")
+    assert disk_versions(tmp_path / "s") == versions
+
+
+# --- readers against a torn batch ----------------------------------------------------------------
+def test_reader_opening_over_a_crashed_batch_sees_only_committed_data(tmp_path: Path) -> None:
+    store = tmp_path / "s"
+    writer = open_ws(store)
+    writer.apply(BATCH_1, idempotency_key=KEY_1)
+    committed = snapshot(writer)
+    committed_counts = counts(writer)
+    old_reader = open_ws(store)  # opened before the crash
+
+    proc = run_worker(store, "before_ledger")
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
+    assert tables_ahead(store) == set(TABLES)  # every table holds BATCH_2's rows past the ledger
+
+    reader = open_ws(store)
+    assert counts(reader) == committed_counts
+    assert snapshot(reader) == committed
+    assert reader.table("profiles")["external_id"].to_list().count("u2") == 0
+    assert "played" not in event_names(reader)
+    assert snapshot(old_reader) == committed
+    assert snapshot(writer) == committed
+
+
+def test_reader_refreshing_mid_commit_sees_only_committed_batches(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Workspace that picks up another writer's commits loads the tables at the versions the
+    ledger names, not their newest versions, which may hold a batch still being written."""
+    store = tmp_path / "s"
+    writer = open_ws(store)
+    reader = open_ws(store)
+    track(writer, ev("a"))  # committed; the reader has not looked yet
+    seen: list[tuple[list[str], list[str | None]]] = []
+
+    def look_before_ledger(name: str) -> None:
+        if name == "before_ledger" and not seen:
+            seen.append((event_names(reader), reader.table("profiles")["external_id"].to_list()))
+
+    monkeypatch.setattr(delta, "_failpoint", look_before_ledger)
+    track(writer, ev("b", "u2"))
+    monkeypatch.undo()
+    assert seen == [(["a"], ["u1"])]
+    assert event_names(reader) == ["a", "b"]
+
+
+def test_reader_opening_mid_commit_does_not_undo_the_live_writers_batch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reader opens while a live writer has appended its tables but not yet its ledger row (the
+    same on-disk picture as a crash there). The reader must see only committed data, and the
+    writer's batch, once its ledger row lands, must stay in the store for good."""
+    store = tmp_path / "s"
+    writer = open_ws(store)
+    track(writer, ev("a"))
+    seen: list[list[str]] = []
+
+    def pause_before_ledger(name: str) -> None:
+        if name == "before_ledger" and not seen:
+            seen.append(event_names(open_ws(store)))
+
+    monkeypatch.setattr(delta, "_failpoint", pause_before_ledger)
+    track(writer, ev("b"))
+    monkeypatch.undo()
+    assert seen == [["a"]]  # the reader saw only the committed batch
+
+    track(writer, ev("c"))
+    assert event_names(writer) == ["a", "b", "c"]
+    assert event_names(open_ws(store)) == ["a", "b", "c"], (
+        "the writer's committed batch 'b' was lost"
+    )
+
+
+# --- layout --------------------------------------------------------------------------------------
+def test_store_holds_a_delta_table_per_table_name(tmp_path: Path) -> None:
+    store = tmp_path / "s"
+    open_ws(store).apply(BATCH_1, idempotency_key=KEY_1)
+    for name in (*TABLES, LEDGER):
+        assert DeltaTable.is_deltatable(str(store / name)), name
+    assert not DeltaTable.is_deltatable(str(store))
+    for name in TABLES:
+        fields = [f.name for f in DeltaTable(str(store / name)).schema().fields]
+        assert fields == [*SCHEMAS[name], "_batch", "_deleted"], name
+
+
+def test_batches_only_append_files(tmp_path: Path) -> None:
+    """Each batch adds files and removes none: the logs are append-only."""
+    store = tmp_path / "s"
+    ws = open_ws(store)
+    ws.apply(BATCH_1, idempotency_key=KEY_1)
+    files = {name: set(DeltaTable(str(store / name)).file_uris()) for name in (*TABLES, LEDGER)}
+    ws.apply(BATCH_2, idempotency_key=KEY_2)  # updates and deletes keys of BATCH_1
+    for name in (*TABLES, LEDGER):
+        table = DeltaTable(str(store / name))
+        assert files[name] < set(table.file_uris()), name
+        assert {h["operation"] for h in table.history()} <= {"CREATE TABLE", "WRITE"}, name
