@@ -1,0 +1,630 @@
+"""Benchmark `/users/track` ingestion and `/users/export/ids` on a large engagelake store.
+
+    cd /work/main && uv run python benchmarks/bench_track.py [--users N] [--objects N] [--big]
+                                                              [--out DIR] [--json FILE]
+
+Phases (generation of request dictionaries is timed separately and never counted as engine time):
+
+- load: a base store of `--users` users, built from attribute-only `/users/track` requests
+  (plain sets of profile fields and custom attributes), `--load-chunk` objects per `apply`.
+- P1: `--objects` mixed track objects (attributes with `{"inc": n}`, `{"add": [...]}` and plain
+  sets; events; purchases), 60% of them for users already in the store, applied with one
+  `ws.apply(...)` (or applies of `--apply-objects` objects each). Reports objects/s, the peak
+  RSS of the process (`ru_maxrss`) and the VmRSS peak/delta during P1 (sampled in a thread), and
+  a raw I/O floor measured in the same run: the same bodies written as NDJSON, read back with
+  Polars and written as Parquet with as many rows as the engine appended to its tables.
+- P2: 10,000 objects into the big store vs into an empty store (median of 3 fresh batches).
+- P3: `/users/export/ids` of 50 existing external IDs with every field: warm p50/p95 over 50
+  calls after 3 warm-up calls; with `--big` also on a 10M-user store.
+
+The script prints figures beside their targets; it asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import resource
+import shutil
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+import polars as pl
+from deltalake import DeltaTable
+from rich.console import Console
+from rich.table import Table
+
+from engagelake.rules.messages import EXPORT_FIELDS
+from engagelake.workspace import Response, Workspace
+
+NOW = datetime(2026, 1, 15, 12, 0, tzinfo=UTC)
+SEED = "bench-track"
+TRACK = "/users/track"
+EXPORT = "/users/export/ids"
+MAX_PER_ARRAY = 75
+OBJECTS_PER_REQUEST = 100
+EXISTING_SHARE = 0.6
+OBJECTS_PER_NEW_USER = 2  # new users in a batch get about this many objects each
+KIND_WEIGHTS = (0.35, 0.50, 0.15)  # attributes, events, purchases
+ATTRIBUTES, EVENTS, PURCHASES = 0, 1, 2
+KIND_NAMES = ("attributes", "events", "purchases")
+ID_WIDTH = 9
+
+TARGET_OBJECTS_PER_S = 250_000
+TARGET_FLOOR_RATIO = 3.0
+TARGET_RSS_BYTES = 2 * 1024**3
+TARGET_P2_RATIO = 3.0
+TARGET_P3_P50_MS = 50.0
+
+FIRST_NAMES = ("Maria", "James", "Sofia", "Liam", "Emma", "Noah", "Olivia", "Lucas", "Mia", "Hugo")
+COUNTRIES = (("US", "en"), ("DE", "de"), ("FR", "fr"), ("ES", "es"), ("JP", "ja"), ("BR", "pt"))
+PLANS = ("free", "plus", "pro", "team")
+CATEGORIES = ("shoes", "books", "electronics", "home", "toys", "beauty", "sports", "garden")
+EVENT_NAMES = ("session_start", "viewed_product", "added_to_cart")
+PLATFORMS = ("ios", "android", "web")
+PRODUCTS = 500
+PRODUCT_IDS = [f"sku-{p:05d}" for p in range(PRODUCTS)]
+PRICES = np.round(np.exp(np.random.default_rng(2024).normal(3.3, 0.9, PRODUCTS)), 2).clip(0.99, 999.0).tolist()
+WINDOW_MS = 30 * 24 * 3600 * 1000
+
+console = Console(width=None if sys.stdout.isatty() else 120)
+
+
+# --- measuring ----------------------------------------------------------------------------------
+def vm_rss() -> int:
+    """Current resident set size of this process in bytes (from /proc/self/status)."""
+    with open("/proc/self/status", "rb") as f:
+        for line in f:
+            if line.startswith(b"VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def max_rss() -> int:
+    """Peak resident set size of this process so far, in bytes (`ru_maxrss` is KiB on Linux)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+class RssSampler:
+    """Samples VmRSS every `interval` seconds in a background thread; keeps the maximum."""
+
+    def __init__(self, interval: float = 0.02):
+        self.interval = interval
+        self.baseline = 0
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, vm_rss())
+            self._stop.wait(self.interval)
+
+    def __enter__(self) -> RssSampler:
+        self.baseline = self.peak = vm_rss()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, vm_rss())
+
+    @property
+    def delta(self) -> int:
+        return self.peak - self.baseline
+
+
+def mib(n: float) -> str:
+    return f"{n / 1024**2:,.0f} MiB"
+
+
+def rows_appended(ws: Workspace, before: dict[str, int]) -> dict[str, int]:
+    """Rows the engine appended to each table since the table versions in `before`, read from
+    the Delta logs (`num_added_rows` of every commit after that version)."""
+    out: dict[str, int] = {}
+    for name, version in ws.store.head.versions.items():
+        if version <= before[name]:
+            out[name] = 0
+            continue
+        history = DeltaTable(ws.store._path(name)).history(version - before[name])
+        out[name] = sum(
+            int(h.get("operationMetrics", {}).get("num_added_rows", 0))
+            for h in history
+            if before[name] < h["version"] <= version
+        )
+    return out
+
+
+def statuses(responses: list[Response]) -> Counter[int]:
+    return Counter(r.status for r in responses)
+
+
+def errors_in(responses: list[Response]) -> int:
+    """Responses that are not 2xx or that carry per-object errors."""
+    return sum(1 for r in responses if r.status >= 300 or (r.body or {}).get("errors"))
+
+
+# --- generation ---------------------------------------------------------------------------------
+def ext_ids(numbers: np.ndarray) -> list[str]:
+    return [f"user-{n:0{ID_WIDTH}d}" for n in numbers.tolist()]
+
+
+def iso_times(ms: np.ndarray) -> list[str]:
+    return np.datetime_as_string(ms.astype("datetime64[ms]"), unit="ms", timezone="UTC").tolist()
+
+
+def pack(kind: np.ndarray, objects: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Cut a stream of objects (kind per position; `objects[k]` the stream's objects of kind k,
+    in order) into requests of `OBJECTS_PER_REQUEST` consecutive objects, splitting any request
+    holding more than 75 objects of one kind."""
+    n = kind.size
+    chunk = np.arange(n) // OBJECTS_PER_REQUEST
+    sub = np.zeros(n, np.int64)
+    for k in range(3):
+        where = np.flatnonzero(kind == k)
+        chunk_of = chunk[where]
+        first = np.searchsorted(chunk_of, chunk_of, side="left")
+        sub[where] = (np.arange(where.size) - first) // MAX_PER_ARRAY
+    _, request = np.unique(chunk * 4 + sub, return_inverse=True)
+    count = int(request.max()) + 1 if n else 0
+    bodies: list[dict[str, Any]] = [{} for _ in range(count)]
+    for k in range(3):
+        counts = np.bincount(request[kind == k], minlength=count).tolist()
+        objs, pos, name = objects[k], 0, KIND_NAMES[k]
+        for body, c in zip(bodies, counts, strict=True):
+            if c:
+                body[name] = objs[pos : pos + c]
+                pos += c
+    return [{"method": "POST", "path": TRACK, "body": b} for b in bodies]
+
+
+def load_requests(start: int, stop: int, rng: np.random.Generator) -> list[dict[str, Any]]:
+    """Attribute-only requests creating users `start`..`stop - 1` (plain sets only)."""
+    n = stop - start
+    ids = ext_ids(np.arange(start, stop))
+    first = rng.integers(0, len(FIRST_NAMES), n).tolist()
+    country = rng.integers(0, len(COUNTRIES), n).tolist()
+    plan = rng.integers(0, len(PLANS), n).tolist()
+    cat1 = rng.integers(0, len(CATEGORIES), n)
+    cat2 = ((cat1 + rng.integers(1, len(CATEGORIES), n)) % len(CATEGORIES)).tolist()
+    objs = [
+        {
+            "external_id": ids[i],
+            "email": f"{ids[i]}@example.com",
+            "first_name": FIRST_NAMES[first[i]],
+            "country": COUNTRIES[country[i]][0],
+            "language": COUNTRIES[country[i]][1],
+            "plan": PLANS[plan[i]],
+            "visits": 0,
+            "favorite_categories": [CATEGORIES[c1], CATEGORIES[cat2[i]]],
+        }
+        for i, c1 in enumerate(cat1.tolist())
+    ]
+    return pack(np.zeros(n, np.int64), [objs, [], []])
+
+
+@dataclass
+class IdSpace:
+    """External IDs in use: `existing` users exist in the big store; new ones come after."""
+
+    existing: int
+    next_new: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.next_new = self.existing
+
+
+def mixed_requests(n: int, ids: IdSpace, rng: np.random.Generator) -> list[dict[str, Any]]:
+    """`n` mixed track objects, `EXISTING_SHARE` of them for existing users, the rest for new
+    users (about `OBJECTS_PER_NEW_USER` objects each), packed into requests."""
+    kind = rng.choice(3, n, p=KIND_WEIGHTS)
+    existing = rng.random(n) < EXISTING_SHARE if ids.existing else np.zeros(n, bool)
+    n_new = max(1, int((~existing).sum()) // OBJECTS_PER_NEW_USER)
+    user = np.where(
+        existing,
+        rng.integers(0, max(ids.existing, 1), n),
+        ids.next_new + rng.integers(0, n_new, n),
+    )
+    ids.next_new += n_new
+    pick = rng.random(n)
+    product = (PRODUCTS * rng.random(n) ** 2.5).astype(np.int64)
+    quantity = rng.choice([1, 1, 1, 2, 2, 3], n)
+    inc = rng.integers(1, 4, n)
+    time_ms = (
+        np.datetime64(NOW.replace(tzinfo=None), "ms").astype(np.int64)
+        - rng.integers(60_000, WINDOW_MS, n)
+    )
+
+    objects: list[list[dict[str, Any]]] = []
+    for k, build in ((ATTRIBUTES, _attributes), (EVENTS, _events), (PURCHASES, _purchases)):
+        rows = np.flatnonzero(kind == k)
+        objects.append(build(ext_ids(user[rows]), pick[rows], product[rows], quantity[rows],
+                             inc[rows], time_ms[rows]))
+    return pack(kind, objects)
+
+
+def _attributes(ids: list[str], pick: np.ndarray, product: np.ndarray, quantity: np.ndarray,
+                inc: np.ndarray, time_ms: np.ndarray) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for eid, p, q, i in zip(ids, pick.tolist(), product.tolist(), inc.tolist(), strict=True):
+        obj: dict[str, Any] = {"external_id": eid, "visits": {"inc": i}}
+        if p < 0.5:  # array add
+            obj["favorite_categories"] = {"add": [CATEGORIES[q % len(CATEGORIES)]]}
+        if p >= 0.3:  # plain sets: a custom attribute and a profile field
+            obj["plan"] = PLANS[q % len(PLANS)]
+            obj["last_product"] = PRODUCT_IDS[q]
+        if p >= 0.8:
+            obj["first_name"] = FIRST_NAMES[q % len(FIRST_NAMES)]
+            obj["tags"] = ["bench", CATEGORIES[q % len(CATEGORIES)]]
+        out.append(obj)
+    return out
+
+
+def _events(ids: list[str], pick: np.ndarray, product: np.ndarray, quantity: np.ndarray,
+            inc: np.ndarray, time_ms: np.ndarray) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for eid, p, q, n, t in zip(ids, pick.tolist(), product.tolist(), quantity.tolist(),
+                               iso_times(time_ms), strict=True):
+        e = 0 if p < 0.3 else 1 if p < 0.8 else 2
+        if e == 0:
+            props: dict[str, Any] = {"platform": PLATFORMS[q % 3]}
+        elif e == 1:
+            props = {"product_id": PRODUCT_IDS[q], "price": PRICES[q]}
+        else:
+            props = {"product_id": PRODUCT_IDS[q], "quantity": n}
+        out.append({"external_id": eid, "name": EVENT_NAMES[e], "time": t, "properties": props})
+    return out
+
+
+def _purchases(ids: list[str], pick: np.ndarray, product: np.ndarray, quantity: np.ndarray,
+               inc: np.ndarray, time_ms: np.ndarray) -> list[dict[str, Any]]:
+    return [
+        {
+            "external_id": eid, "product_id": PRODUCT_IDS[q], "currency": "USD",
+            "price": PRICES[q], "quantity": n, "time": t,
+            "properties": {"category": CATEGORIES[q % len(CATEGORIES)]},
+        }
+        for eid, q, n, t in zip(ids, product.tolist(), quantity.tolist(), iso_times(time_ms),
+                                strict=True)
+    ]
+
+
+_PROPS = {"product_id": pl.String, "price": pl.Float64, "quantity": pl.Int64, "platform": pl.String}
+BODY_SCHEMA = pl.Schema({
+    "attributes": pl.List(pl.Struct({
+        "external_id": pl.String, "visits": pl.Struct({"inc": pl.Int64}),
+        "favorite_categories": pl.Struct({"add": pl.List(pl.String)}), "plan": pl.String,
+        "last_product": pl.String, "first_name": pl.String, "tags": pl.List(pl.String),
+    })),
+    "events": pl.List(pl.Struct({
+        "external_id": pl.String, "name": pl.String, "time": pl.String, "properties": pl.Struct(_PROPS),
+    })),
+    "purchases": pl.List(pl.Struct({
+        "external_id": pl.String, "product_id": pl.String, "currency": pl.String,
+        "price": pl.Float64, "quantity": pl.Int64, "time": pl.String,
+        "properties": pl.Struct({"category": pl.String}),
+    })),
+})  # the shape `mixed_requests` generates; the floor's reader knows it
+
+
+def deep_size(obj: Any) -> int:
+    """Bytes of a JSON-like Python value and everything it holds (shared objects counted again)."""
+    if isinstance(obj, dict):
+        return sys.getsizeof(obj) + sum(deep_size(k) + deep_size(v) for k, v in obj.items())
+    if isinstance(obj, list):
+        return sys.getsizeof(obj) + sum(deep_size(v) for v in obj)
+    return sys.getsizeof(obj)
+
+
+def count_objects(requests: list[dict[str, Any]]) -> int:
+    return sum(len(r["body"].get(k, ())) for r in requests for k in KIND_NAMES)
+
+
+def split_by_objects(requests: list[dict[str, Any]], per_apply: int) -> Iterator[list[dict[str, Any]]]:
+    """Consecutive groups of requests holding about `per_apply` objects each."""
+    group: list[dict[str, Any]] = []
+    n = 0
+    for r in requests:
+        group.append(r)
+        n += sum(len(r["body"].get(k, ())) for k in KIND_NAMES)
+        if n >= per_apply:
+            yield group
+            group, n = [], 0
+    if group:
+        yield group
+
+
+# --- phases ------------------------------------------------------------------------------------
+def open_ws(path: Path) -> Workspace:
+    return Workspace.open(path, clock=lambda: NOW, seed=SEED)
+
+
+def build_store(path: Path, users: int, chunk: int, rng: np.random.Generator, label: str) -> dict[str, Any]:
+    """Create `users` users with attribute-only requests, `chunk` objects per apply."""
+    ws = open_ws(path)
+    gen_s = engine_s = 0.0
+    bad = applies = 0
+    for start in range(0, users, chunk):
+        t = time.perf_counter()
+        reqs = load_requests(start, min(start + chunk, users), rng)
+        gen_s += time.perf_counter() - t
+        t = time.perf_counter()
+        responses = ws.apply(reqs)
+        engine_s += time.perf_counter() - t
+        bad += errors_in(responses)
+        applies += 1
+        del reqs, responses
+        if users // chunk <= 20 or applies % 10 == 0 or start + chunk >= users:
+            console.print(f"  {label}: {min(start + chunk, users):,}/{users:,} users, "
+                          f"engine {engine_s:,.1f} s (this apply {time.perf_counter() - t:,.1f} s), "
+                          f"generation {gen_s:,.1f} s")
+    profiles = ws.table("profiles").height
+    return {"ws": ws, "seconds": engine_s, "generation_s": gen_s, "applies": applies,
+            "profiles": profiles, "bad_responses": bad}
+
+
+def io_floor(requests: list[dict[str, Any]], rows: dict[str, int], folder: Path) -> dict[str, Any]:
+    """Raw I/O floor: bodies -> NDJSON file -> Polars read (with the generator's known schema)
+    -> Parquet with the engine's row count.
+
+    The Parquet output has as many rows as the engine appended in all (events and purchases
+    tables get one row per event/purchase object; the rest is filled with attributes-object rows,
+    repeated as needed)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "bodies.ndjson"
+    total_rows = sum(rows.values())
+
+    t0 = time.perf_counter()
+    with open(path, "wb") as f:
+        f.write(b"\n".join(orjson.dumps(r["body"]) for r in requests))
+        f.write(b"\n")
+    t1 = time.perf_counter()
+    frame = pl.read_ndjson(path, schema=BODY_SCHEMA)
+    t2 = time.perf_counter()
+    parts: dict[str, pl.DataFrame] = {}
+    for name in KIND_NAMES:
+        if name in frame.columns:
+            parts[name] = frame.select(pl.col(name).explode()).drop_nulls().unnest(name)
+    n_events = parts["events"].height if "events" in parts else 0
+    n_purchases = parts["purchases"].height if "purchases" in parts else 0
+    rest = max(total_rows - n_events - n_purchases, 0)
+    attrs = parts.get("attributes")
+    if attrs is not None and attrs.height and rest:
+        parts["attributes"] = attrs[np.arange(rest) % attrs.height]
+    written = 0
+    for name, part in parts.items():
+        part.write_parquet(folder / f"{name}.parquet")
+        written += part.height
+    t3 = time.perf_counter()
+    return {
+        "seconds": t3 - t0, "write_ndjson_s": t1 - t0, "read_ndjson_s": t2 - t1,
+        "write_parquet_s": t3 - t2, "ndjson_bytes": path.stat().st_size, "parquet_rows": written,
+    }
+
+
+def timed_apply(ws: Workspace, requests: list[dict[str, Any]]) -> tuple[float, list[Response]]:
+    t = time.perf_counter()
+    responses = ws.apply(requests)
+    return time.perf_counter() - t, responses
+
+
+def export_latency(ws: Workspace, users: int, rng: np.random.Generator, calls: int = 50,
+                   warmup: int = 3) -> dict[str, Any]:
+    """Warm latency of exporting 50 random existing users with every field."""
+    fields = list(EXPORT_FIELDS)
+    times: list[float] = []
+    bad = 0
+    for i in range(warmup + calls):
+        body = {"external_ids": ext_ids(rng.choice(users, 50, replace=False)), "fields_to_export": fields}
+        t = time.perf_counter()
+        r = ws.call("POST", EXPORT, body)
+        dt = time.perf_counter() - t
+        if r.status != 200 or len((r.body or {}).get("users", ())) != 50:
+            bad += 1
+        if i >= warmup:
+            times.append(dt * 1000)
+    return {"p50_ms": float(np.percentile(times, 50)), "p95_ms": float(np.percentile(times, 95)),
+            "max_ms": max(times), "calls": calls, "bad_responses": bad}
+
+
+# --- report ------------------------------------------------------------------------------------
+def verdict(value: float | None, target: float | None, higher_is_better: bool) -> str:
+    if value is None or target is None:
+        return "-"
+    ok = value >= target if higher_is_better else value <= target
+    return "[green]met[/green]" if ok else "[red]not met[/red]"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--users", type=int, default=1_000_000, help="users in the base store")
+    ap.add_argument("--objects", type=int, default=1_000_000, help="track objects in P1")
+    ap.add_argument("--apply-objects", type=int, default=0,
+                    help="P1 objects per ws.apply (0 = the whole P1 in one apply)")
+    ap.add_argument("--load-chunk", type=int, default=100_000, help="users created per apply when loading")
+    ap.add_argument("--p2-objects", type=int, default=10_000)
+    ap.add_argument("--big", action="store_true", help="also build a 10M-user store for P3")
+    ap.add_argument("--big-users", type=int, default=10_000_000, help=argparse.SUPPRESS)
+    ap.add_argument("--out", type=Path, default=None, help="folder for the stores (default: a temp dir)")
+    ap.add_argument("--json", type=Path, default=None, help="also write the figures as JSON here")
+    ap.add_argument("--seed", type=int, default=7)
+    args = ap.parse_args()
+
+    out = args.out or Path(tempfile.mkdtemp(prefix="bench-track-"))
+    out.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(args.seed)
+    fig: dict[str, Any] = {"users": args.users, "objects": args.objects, "cpus": os.cpu_count(),
+                           "out": str(out)}
+    console.rule(f"engagelake bench_track — {args.users:,} users, {args.objects:,} objects, "
+                 f"{os.cpu_count()} CPUs, stores in {out}")
+
+    # load -------------------------------------------------------------------------------------
+    console.print(f"[bold]load[/bold]: {args.users:,} users, attribute-only requests, "
+                  f"{args.load_chunk:,} users per apply")
+    load = build_store(out / "big", args.users, args.load_chunk, rng, "load")
+    ws: Workspace = load.pop("ws")
+    fig["load"] = {**load, "users_per_s": args.users / load["seconds"]}
+    console.print(f"  load: {load['seconds']:.2f} s engine ({args.users / load['seconds']:,.0f} users/s) "
+                  f"in {load['applies']} applies, generation {load['generation_s']:.2f} s, "
+                  f"{load['profiles']:,} profiles, {load['bad_responses']} bad responses")
+    gc.collect()
+
+    # P1 ---------------------------------------------------------------------------------------
+    ids = IdSpace(args.users)
+    t = time.perf_counter()
+    p1_requests = mixed_requests(args.objects, ids, rng)
+    gen_s = time.perf_counter() - t
+    n_objects = count_objects(p1_requests)
+    kinds = {k: sum(len(r["body"].get(k, ())) for r in p1_requests) for k in KIND_NAMES}
+    sample = p1_requests[:: max(1, len(p1_requests) // 200)]
+    input_rss = deep_size(sample) * len(p1_requests) // max(len(sample), 1)  # estimate
+    groups = (list(split_by_objects(p1_requests, args.apply_objects)) if args.apply_objects
+              else [p1_requests])
+    mode = (f"{len(groups)} applies of ~{args.apply_objects:,} objects" if args.apply_objects
+            else "one ws.apply")
+    console.print(f"[bold]P1[/bold]: {n_objects:,} objects in {len(p1_requests):,} requests "
+                  f"({', '.join(f'{v:,} {k}' for k, v in kinds.items())}), {mode}; "
+                  f"generation {gen_s:.2f} s, request dicts hold ~{mib(input_rss)} (sizeof estimate)")
+    versions_before = dict(ws.store.head.versions)
+    heights_before = {n: ws.table(n).height for n in ws.table_names()}
+    gc.collect()
+    p1_responses: list[Response] = []
+    with RssSampler() as rss:
+        t = time.perf_counter()
+        for group in groups:
+            p1_responses.extend(ws.apply(group))
+        p1_s = time.perf_counter() - t
+    appended = rows_appended(ws, versions_before)
+    growth = {n: ws.table(n).height - heights_before[n] for n in ws.table_names()}
+    p1_rate = n_objects / p1_s
+    console.print(f"  engine: {p1_s:.2f} s = {p1_rate:,.0f} objects/s; responses {dict(statuses(p1_responses))}, "
+                  f"{errors_in(p1_responses)} with errors")
+    console.print(f"  rows appended: {sum(appended.values()):,} "
+                  f"({', '.join(f'{k} {v:,}' for k, v in appended.items() if v)}); "
+                  f"table growth: {', '.join(f'{k} {v:+,}' for k, v in growth.items() if v)}")
+    console.print(f"  RSS: VmRSS before P1 {mib(rss.baseline)}, peak during P1 {mib(rss.peak)} "
+                  f"(delta {mib(rss.delta)}); ru_maxrss {mib(max_rss())}")
+    floor = io_floor(p1_requests, appended, out / "floor")
+    ratio = p1_s / floor["seconds"]
+    console.print(f"  I/O floor: {floor['seconds']:.2f} s (write NDJSON {floor['write_ndjson_s']:.2f} s, "
+                  f"{floor['ndjson_bytes'] / 1024**2:,.0f} MiB; read with Polars {floor['read_ndjson_s']:.2f} s; "
+                  f"{floor['parquet_rows']:,} rows to Parquet {floor['write_parquet_s']:.2f} s); "
+                  f"engine/floor = {ratio:.1f}")
+    fig["p1"] = {
+        "mode": mode, "objects": n_objects, "requests": len(p1_requests), "kinds": kinds,
+        "generation_s": gen_s, "seconds": p1_s, "objects_per_s": p1_rate,
+        "status_counts": {str(k): v for k, v in statuses(p1_responses).items()},
+        "responses_with_errors": errors_in(p1_responses),
+        "rows_appended": appended, "table_growth": growth,
+        "input_dicts_rss_bytes": input_rss, "rss_before_bytes": rss.baseline,
+        "rss_peak_bytes": rss.peak, "rss_delta_bytes": rss.delta, "ru_maxrss_bytes": max_rss(),
+        "floor": floor, "engine_floor_ratio": ratio,
+    }
+    del p1_requests, groups, p1_responses
+    gc.collect()
+
+    # P2 ---------------------------------------------------------------------------------------
+    console.print(f"[bold]P2[/bold]: {args.p2_objects:,} objects, big store vs empty store, median of 3")
+    big_s: list[float] = []
+    empty_s: list[float] = []
+    for run in range(3):
+        reqs = mixed_requests(args.p2_objects, ids, rng)
+        s_big, r_big = timed_apply(ws, reqs)
+        empty_ws = open_ws(out / f"empty-{run}")
+        s_empty, r_empty = timed_apply(empty_ws, reqs)
+        big_s.append(s_big)
+        empty_s.append(s_empty)
+        console.print(f"  run {run + 1}: big {s_big * 1000:,.0f} ms, empty {s_empty * 1000:,.0f} ms "
+                      f"(errors {errors_in(r_big)}/{errors_in(r_empty)})")
+        del empty_ws
+        shutil.rmtree(out / f"empty-{run}", ignore_errors=True)
+    p2_big, p2_empty = statistics.median(big_s), statistics.median(empty_s)
+    fig["p2"] = {"objects": args.p2_objects, "big_s": big_s, "empty_s": empty_s,
+                 "big_median_s": p2_big, "empty_median_s": p2_empty, "ratio": p2_big / p2_empty}
+    console.print(f"  median: big {p2_big * 1000:,.0f} ms, empty {p2_empty * 1000:,.0f} ms, "
+                  f"ratio {p2_big / p2_empty:.2f}")
+
+    # P3 ---------------------------------------------------------------------------------------
+    console.print(f"[bold]P3[/bold]: export 50 external IDs, all {len(EXPORT_FIELDS)} fields, "
+                  f"{ws.table('profiles').height:,}-user store")
+    p3 = export_latency(ws, args.users, rng)
+    fig["p3"] = p3
+    console.print(f"  p50 {p3['p50_ms']:.1f} ms, p95 {p3['p95_ms']:.1f} ms, max {p3['max_ms']:.1f} ms, "
+                  f"{p3['bad_responses']} bad responses")
+    del ws
+    gc.collect()
+
+    if args.big:
+        console.print(f"[bold]P3 big[/bold]: building a {args.big_users:,}-user store")
+        big = build_store(out / "big10m", args.big_users, max(args.load_chunk, 1_000_000), rng, "load 10M")
+        ws10: Workspace = big.pop("ws")
+        p3b = export_latency(ws10, args.big_users, rng)
+        fig["p3_big"] = {**p3b, "users": args.big_users, "load": big}
+        console.print(f"  load {big['seconds']:.1f} s; p50 {p3b['p50_ms']:.1f} ms, p95 {p3b['p95_ms']:.1f} ms")
+        del ws10
+
+    fig["ru_maxrss_bytes"] = max_rss()
+
+    # summary ----------------------------------------------------------------------------------
+    table = Table(title=f"bench_track: {args.users:,} users, {args.objects:,} objects, {os.cpu_count()} CPUs")
+    for col in ("figure", "value", "target", "status"):
+        table.add_column(col, justify="left" if col == "figure" else "right")
+    gib = 1024**3
+
+    def row(name: str, value: str, target: str = "", ok: str = "-") -> None:
+        table.add_row(name, value, target, ok)
+
+    row("load (engine)", f"{fig['load']['seconds']:.2f} s  ({fig['load']['users_per_s']:,.0f} users/s)")
+    row("P1 generation (excluded)", f"{gen_s:.2f} s")
+    row(f"P1 throughput ({mode})", f"{p1_rate:,.0f} obj/s", f"≥ {TARGET_OBJECTS_PER_S:,}",
+        verdict(p1_rate, TARGET_OBJECTS_PER_S, True))
+    row("P1 engine time", f"{p1_s:.2f} s")
+    row("P1 raw I/O floor", f"{floor['seconds']:.2f} s")
+    row("P1 engine / floor", f"{ratio:.1f}×", f"≤ {TARGET_FLOOR_RATIO:g}×",
+        verdict(ratio, TARGET_FLOOR_RATIO, False))
+    row("peak RSS (ru_maxrss)", f"{max_rss() / gib:.2f} GiB", "≤ 2 GiB",
+        verdict(max_rss(), TARGET_RSS_BYTES, False))
+    row("P1 peak VmRSS (sampled)", f"{rss.peak / gib:.2f} GiB", "≤ 2 GiB",
+        verdict(rss.peak, TARGET_RSS_BYTES, False))
+    row("P1 VmRSS delta", f"{mib(rss.delta)}  (input dicts ~{mib(input_rss)})")
+    row(f"P2 {args.p2_objects:,} obj, big store (median)", f"{p2_big * 1000:,.0f} ms")
+    row(f"P2 {args.p2_objects:,} obj, empty store (median)", f"{p2_empty * 1000:,.0f} ms")
+    row("P2 big / empty", f"{p2_big / p2_empty:.2f}×", f"≤ {TARGET_P2_RATIO:g}×",
+        verdict(p2_big / p2_empty, TARGET_P2_RATIO, False))
+    row("P3 export 50 ids, p50", f"{p3['p50_ms']:.1f} ms", f"≤ {TARGET_P3_P50_MS:g} ms",
+        verdict(p3["p50_ms"], TARGET_P3_P50_MS, False))
+    row("P3 export 50 ids, p95", f"{p3['p95_ms']:.1f} ms")
+    if "p3_big" in fig:
+        b = fig["p3_big"]
+        row(f"P3 {b['users']:,} users, p50", f"{b['p50_ms']:.1f} ms", f"≤ {TARGET_P3_P50_MS:g} ms",
+            verdict(b["p50_ms"], TARGET_P3_P50_MS, False))
+        row(f"P3 {b['users']:,} users, p95", f"{b['p95_ms']:.1f} ms")
+    console.print(table)
+
+    fig["targets"] = {
+        "objects_per_s": TARGET_OBJECTS_PER_S, "engine_floor_ratio": TARGET_FLOOR_RATIO,
+        "rss_bytes": TARGET_RSS_BYTES, "p2_ratio": TARGET_P2_RATIO, "p3_p50_ms": TARGET_P3_P50_MS,
+    }
+    if args.json:
+        args.json.write_text(json.dumps(fig, indent=2, default=str))
+        console.print(f"figures written to {args.json}")
+    if args.out is None:
+        shutil.rmtree(out, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
