@@ -44,6 +44,8 @@ def attribute_errors(ops: pl.DataFrame, current: pl.DataFrame) -> pl.DataFrame:
     the wrong type: `inc` on a non-number, `add`/`remove` on a non-array. Column `applied`
     tells which operations belong to objects that were applied; only those shape the value the
     next operation meets."""
+    # only keys that see an inc or add/remove can meet a type error
+    ops = ops.join(ops.filter(pl.col("op").is_in(["inc", "arr"])).select(KEY).unique(), on=KEY, how="semi")
     if ops.height == 0:
         return pl.DataFrame(schema={"seq": pl.Int64, "error": pl.String})
     cur = current.join(ops.select(KEY).unique(), on=KEY, how="semi").select(

@@ -306,6 +306,8 @@ class _Batch:
         creations = pl.concat([ec, pc, ic]).sort("seq", "pos")
         # service_id objects: existing profiles, or profiles created earlier in this batch
         sid_objs = self.dynamic.filter(pl.col("kind") == "sid").select("seq", "key")
+        if sid_objs.height == 0:
+            return pl.concat([et, pt]).sort("seq"), creations
         known = self.real_ids(pl.concat([self.strong_creations, creations])).select(
             pl.col("service_id").alias("key"), pl.col("temp").alias("new_target"), pl.col("seq").alias("cseq"))
         st = (
