@@ -266,3 +266,21 @@ def test_batches_only_append_files(tmp_path: Path) -> None:
         table = DeltaTable(str(store / name))
         assert files[name] < set(table.file_uris()), name
         assert {h["operation"] for h in table.history()} <= {"CREATE TABLE", "WRITE"}, name
+
+
+def test_reopened_store_equals_memory_after_a_batch_with_reads_between_changes(tmp_path: Path) -> None:
+    """Changes of several track runs in one batch (split by an export) reach the disk in order:
+    a set then a removal of the same attribute ends removed after reopening too."""
+    track = "/users/track"
+    batch = [
+        {"method": "POST", "path": track, "body": {"attributes": [{"external_id": "u", "a": 1, "b": 1}]}},
+        {"method": "POST", "path": "/users/export/ids",
+         "body": {"external_ids": ["u"], "fields_to_export": ["custom_attributes"]}},
+        {"method": "POST", "path": track, "body": {"attributes": [{"external_id": "u", "a": None, "b": 2}]}},
+    ]
+    ws = Workspace.open(tmp_path / "s", clock=lambda: NOW, seed="r")
+    rs = ws.apply(batch)
+    assert rs[1].body["users"][0]["custom_attributes"] == {"a": 1, "b": 1}
+    assert ws.export_users(["custom_attributes"]) == [{"custom_attributes": {"b": 2}}]
+    reopened = Workspace.open(tmp_path / "s", clock=lambda: NOW)
+    assert reopened.export_users(["custom_attributes"]) == [{"custom_attributes": {"b": 2}}]

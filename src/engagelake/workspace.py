@@ -142,7 +142,7 @@ class Workspace:
         flush()
         final = [r for r in responses if r is not None]
         assert len(final) == len(requests)
-        if all_changes.upserts or all_changes.deletes or idempotency_key is not None:
+        if all_changes or idempotency_key is not None:
             self.store.commit(
                 all_changes, key=idempotency_key, responses=[[r.status, r.body] for r in final],
                 next_profile_n=state.next_profile_n, next_update_seq=state.next_update_seq,
@@ -161,12 +161,7 @@ class Workspace:
         outcome = apply_track(state, parsed, valid, clock=clock, seed=self.store.head.seed)
         for req, (status, body) in outcome.responses.items():
             responses[pending[req][0]] = Response(status, body)
-        for name, frames in outcome.changes.upserts.items():
-            for f in frames:
-                all_changes.upsert(name, f)
-        for name, frames in outcome.changes.deletes.items():
-            for f in frames:
-                all_changes.delete(name, f)
+        all_changes.extend(outcome.changes)
         return apply_changes(state, outcome.changes, next_profile_n=outcome.next_profile_n,
                              next_update_seq=outcome.next_update_seq)
 

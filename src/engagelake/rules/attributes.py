@@ -51,10 +51,10 @@ def attribute_errors(ops: pl.DataFrame, current: pl.DataFrame) -> pl.DataFrame:
     cur = current.join(ops.select(KEY).unique(), on=KEY, how="semi").select(
         *KEY, value_type(pl.col("value")).alias("cur_type"))
     o = (
-        ops.select(*KEY, "seq", "kpos", "op", "value")
+        ops.select(*KEY, "seq", "kpos", "op", "value", "applied")
         .sort([*KEY, "seq"])
-        .with_columns(rt=_result_type())
-        .with_columns(prev=pl.col("rt").shift(1).over(KEY))
+        .with_columns(rt=pl.when(pl.col("applied")).then(_result_type()))
+        .with_columns(prev=pl.col("rt").shift(1).forward_fill().over(KEY))
         .join(cur, on=KEY, how="left")
         .with_columns(prev=pl.coalesce("prev", "cur_type", pl.lit("MISSING")))
     )

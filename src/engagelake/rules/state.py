@@ -27,34 +27,40 @@ class State:
 
 @dataclass
 class Changes:
-    """Rows a batch writes: upserts per keyed table (whole new rows), deleted keys, appended logs."""
+    """Rows a batch writes, in order: upserts of keyed tables (whole new rows), deleted keys,
+    appended log rows. For each key the last change wins."""
 
-    upserts: dict[str, list[pl.DataFrame]] = field(default_factory=dict)
-    deletes: dict[str, list[pl.DataFrame]] = field(default_factory=dict)
+    parts: dict[str, list[pl.DataFrame]] = field(default_factory=dict)
 
     def upsert(self, name: str, rows: pl.DataFrame) -> None:
         if rows.height:
-            self.upserts.setdefault(name, []).append(conform(name, rows))
+            self.parts.setdefault(name, []).append(conform(name, rows).with_columns(_deleted=pl.lit(False)))
 
     def delete(self, name: str, keys: pl.DataFrame) -> None:
         key = KEYS[name]
         assert key is not None, f"{name} is append-only"
         if keys.height:
-            self.deletes.setdefault(name, []).append(keys.select(key))
+            self.parts.setdefault(name, []).append(
+                conform(name, keys.select(key)).with_columns(_deleted=pl.lit(True)))
+
+    def extend(self, other: Changes) -> None:
+        for name, frames in other.parts.items():
+            self.parts.setdefault(name, []).extend(frames)
+
+    def __bool__(self) -> bool:
+        return bool(self.parts)
 
     def merged(self) -> dict[str, tuple[pl.DataFrame | None, pl.DataFrame | None]]:
-        """Per table: (rows to write, keys deleted); the last upsert of a key wins."""
+        """Per table: (rows to write, keys deleted), the last change of each key winning."""
         out: dict[str, tuple[pl.DataFrame | None, pl.DataFrame | None]] = {}
-        for name in TABLES:
+        for name, frames in self.parts.items():
             key = KEYS[name]
-            ups = pl.concat(self.upserts[name]) if name in self.upserts else None
-            dels = pl.concat(self.deletes[name]).unique() if name in self.deletes else None
-            if ups is not None and key is not None:
-                ups = ups.unique(subset=list(key), keep="last", maintain_order=True)
-                if dels is not None:
-                    dels = dels.join(ups.select(key), on=list(key), how="anti")
-            if ups is not None or dels is not None:
-                out[name] = (ups, dels)
+            rows = pl.concat(frames)
+            if key is not None:
+                rows = rows.unique(subset=list(key), keep="last", maintain_order=True)
+            ups = rows.filter(~pl.col("_deleted")).drop("_deleted")
+            dels = rows.filter(pl.col("_deleted")).select(key) if key is not None else None
+            out[name] = (ups if ups.height else None, dels if dels is not None and dels.height else None)
         return out
 
 

@@ -1,0 +1,144 @@
+"""Unit tests of the pure rules: frames in, frames out, no store."""
+
+from datetime import UTC, datetime
+
+import polars as pl
+import pytest
+from polars.testing import assert_frame_equal
+
+from engagelake.rules import messages as M
+from engagelake.rules.attributes import attribute_errors, fold_attributes
+from engagelake.rules.state import Changes, State, apply_changes
+from engagelake.rules.validate import normalize_email, normalize_phone, parse_time
+
+OPS_SCHEMA = {
+    "service_id": pl.String, "name": pl.String, "seq": pl.Int64, "kpos": pl.Int64, "op": pl.String,
+    "value": pl.String, "inc": pl.Int64, "add": pl.String, "remove": pl.String, "applied": pl.Boolean,
+}
+CURRENT_SCHEMA = {"service_id": pl.String, "name": pl.String, "value": pl.String}
+
+
+def ops(*rows: dict) -> pl.DataFrame:
+    full = [
+        {"service_id": "u", "kpos": 0, "value": None, "inc": None, "add": None, "remove": None,
+         "applied": True, **r}
+        for r in rows
+    ]
+    return pl.DataFrame(full, schema=OPS_SCHEMA)
+
+
+def current(**values: str) -> pl.DataFrame:
+    return pl.DataFrame({"service_id": ["u"] * len(values), "name": list(values), "value": list(values.values())},
+                        schema=CURRENT_SCHEMA)
+
+
+def folded(o: pl.DataFrame, cur: pl.DataFrame) -> dict[str, str | None]:
+    ups, dels = fold_attributes(o, cur)
+    out: dict[str, str | None] = {n: v for _, n, v in ups.iter_rows()}
+    out.update({n: None for _, n in dels.iter_rows()})
+    return out
+
+
+def test_inc_sums_over_the_batch_from_the_stored_value():
+    o = ops({"name": "n", "seq": 1, "op": "inc", "inc": 2}, {"name": "n", "seq": 5, "op": "inc", "inc": -1})
+    assert folded(o, current(n="10")) == {"n": "11"}
+
+
+def test_inc_on_missing_starts_at_zero_and_float_base_stays_float():
+    o = ops({"name": "a", "seq": 1, "op": "inc", "inc": 3}, {"name": "b", "seq": 2, "op": "inc", "inc": 1})
+    assert folded(o, current(b="1.5")) == {"a": "3", "b": "2.5"}
+
+
+def test_set_resets_then_inc_applies_after_it():
+    o = ops(
+        {"name": "n", "seq": 1, "op": "inc", "inc": 5},
+        {"name": "n", "seq": 2, "op": "set", "value": "100"},
+        {"name": "n", "seq": 3, "op": "inc", "inc": 1},
+    )
+    assert folded(o, current(n="1")) == {"n": "101"}
+
+
+def test_unset_deletes_and_later_add_starts_from_empty():
+    assert folded(ops({"name": "t", "seq": 1, "op": "unset"}), current(t='"x"')) == {"t": None}
+    o = ops({"name": "t", "seq": 1, "op": "unset"}, {"name": "t", "seq": 2, "op": "arr", "add": '["a"]'})
+    assert folded(o, current(t='["z"]')) == {"t": '["a"]'}
+
+
+def test_ordered_set_add_moves_repeats_to_the_end_and_remove_goes_after_add():
+    o = ops(
+        {"name": "t", "seq": 1, "op": "arr", "add": '["b","d"]', "remove": '["d"]'},
+        {"name": "t", "seq": 2, "op": "arr", "add": '["a"]'},
+    )
+    assert folded(o, current(t='["a","b","c"]')) == {"t": '["c","b","a"]'}
+
+
+def test_plain_array_keeps_the_last_place_of_repeats_and_objects_compare_by_content():
+    o = ops({"name": "t", "seq": 1, "op": "set", "value": '[1,{"x":1,"y":2},2,1,{"y":2,"x":1}]'})
+    assert folded(o, current()) == {"t": '[2,1,{"y":2,"x":1}]'}
+
+
+def test_cap_keeps_the_newest_500_after_every_step():
+    base = "[" + ",".join(str(i) for i in range(500)) + "]"
+    # add 1 (drops 0), then remove 499: sequentially 0 is gone for good although 499 values remain
+    o = ops(
+        {"name": "t", "seq": 1, "op": "arr", "add": "[1000]"},
+        {"name": "t", "seq": 2, "op": "arr", "remove": "[499]"},
+    )
+    value = folded(o, current(t=base))["t"]
+    assert value is not None
+    items = [int(x) for x in value.strip("[]").split(",")]
+    assert items[0] == 1 and items[-1] == 1000 and 499 not in items and len(items) == 499
+
+
+def test_type_errors_see_only_applied_operations():
+    o = ops(
+        {"name": "n", "seq": 1, "op": "set", "value": '"text"', "applied": False},  # a rejected object
+        {"name": "n", "seq": 2, "op": "inc", "inc": 1},
+        {"name": "t", "seq": 3, "op": "arr", "add": "[1]"},
+    )
+    assert attribute_errors(o, current(n="1", t="5")).to_dicts() == [
+        {"seq": 3, "error": M.ERR_ARRAY_OP_NOT_ARRAY}
+    ]
+    o2 = o.with_columns(applied=pl.lit(True))
+    assert attribute_errors(o2, current(t="[]")).to_dicts() == [{"seq": 2, "error": M.ERR_INC_NOT_NUMERIC}]
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [(" Ada@Example.COM ", "ada@example.com"), ("no-at-sign", None), ("a@b", None), ("a b@c.de", None)],
+)
+def test_normalize_email(raw, expected):
+    assert pl.select(normalize_email(pl.lit(raw))).item() == expected
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [("+1 (555) 123-4567", "+15551234567"), ("49.30.1234567", "+49301234567"), ("+0123456789", None),
+     ("12345", None)],
+)
+def test_normalize_phone(raw, expected):
+    assert pl.select(normalize_phone(pl.lit(raw))).item() == expected
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ("2026-11-20T10:00:00Z", datetime(2026, 11, 20, 10, tzinfo=UTC)),
+        ("2026-11-20T10:00:00.5+01:00", datetime(2026, 11, 20, 9, 0, 0, 500000, tzinfo=UTC)),
+        ("2026-11-20T10:00:00:123-0500", datetime(2026, 11, 20, 15, 0, 0, 123000, tzinfo=UTC)),
+        ("2026-11-20T10:00:00", None),
+        ("2026-13-20T10:00:00Z", None),
+    ],
+)
+def test_parse_time(raw, expected):
+    assert pl.select(parse_time(pl.lit(raw))).item() == expected
+
+
+def test_apply_changes_upserts_by_key_and_appends_logs():
+    state = State.empty()
+    ch = Changes()
+    ch.upsert("attributes", pl.DataFrame({"service_id": ["u", "u"], "name": ["a", "b"], "value": ["1", "2"]}))
+    ch.upsert("attributes", pl.DataFrame({"service_id": ["u"], "name": ["a"], "value": ["3"]}))
+    ch.delete("attributes", pl.DataFrame({"service_id": ["u"], "name": ["b"]}))
+    s2 = apply_changes(state, ch, next_profile_n=0, next_update_seq=0)
+    assert_frame_equal(s2["attributes"], pl.DataFrame({"service_id": ["u"], "name": ["a"], "value": ["3"]}))
