@@ -29,6 +29,9 @@ from engagelake.store.delta import DeltaStore
 from engagelake.store.schema import TABLES
 
 Clock = Callable[[], datetime]
+# Long runs of track requests are applied in passes of at most this many requests (up to ~170k
+# objects): the same result as one pass (sequential application is the invariant), bounded memory.
+TRACK_RUN_MAX = 2000
 ROUTES: dict[str, dict[str, str]] = {
     "/users/track": {"POST": "track"},
     "/users/export/ids": {"POST": "export"},
@@ -135,6 +138,8 @@ class Workspace:
                 continue
             if endpoint == "track":
                 pending.append((i, text))
+                if len(pending) >= TRACK_RUN_MAX:
+                    flush()
             else:
                 flush()
                 status, out = export_ids(state, body, clock, fields_required=self.fields_required)

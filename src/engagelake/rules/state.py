@@ -53,8 +53,10 @@ class Changes:
     def merged(self) -> dict[str, tuple[pl.DataFrame | None, pl.DataFrame | None]]:
         """Per table: (rows to write, keys deleted), the last change of each key winning."""
         out: dict[str, tuple[pl.DataFrame | None, pl.DataFrame | None]] = {}
-        for name, frames in self.parts.items():
-            key = KEYS[name]
+        for name in TABLES:  # a fixed table order: the commit's failpoints depend on it
+            if name not in self.parts:
+                continue
+            frames, key = self.parts[name], KEYS[name]
             rows = pl.concat(frames)
             if key is not None:
                 rows = rows.unique(subset=list(key), keep="last", maintain_order=True)
