@@ -12,6 +12,7 @@ from typing import Any
 import orjson
 import polars as pl
 
+from engagelake.requests.models import ExportResponse, MessageResponse, dump
 from engagelake.rules import formats as F
 from engagelake.rules import messages as M
 from engagelake.rules.state import State
@@ -19,6 +20,7 @@ from engagelake.rules.validate import normalize_email, normalize_phone
 from engagelake.store.schema import UTC_TS
 
 WINDOW = timedelta(days=90)
+POINT_READS_MAX = 1000  # up to this many users, exports read rows by binary search
 PROFILE_FIELDS = (
     "external_id", "first_name", "last_name", "email", "phone", "dob", "gender", "country",
     "language", "home_city", "time_zone", "attributed_campaign", "attributed_source",
@@ -93,26 +95,29 @@ def match_users(state: State, body: dict[str, Any]) -> tuple[pl.DataFrame, list[
         wanted.append(("phone", _one(body["phone"], normalize_phone) or "", body["phone"]))
     req = pl.DataFrame(wanted, schema={"kind": pl.String, "key": pl.String, "given": pl.String},
                        orient="row").with_row_index("order")
-    prof = state["profiles"]
-    sources = {
-        "ext": state["external_ids"].select(pl.col("external_id").alias("key"), "service_id"),
-        "alias": state["aliases"].select((pl.col("alias_label") + "\x1f" + pl.col("alias_name")).alias("key"),
-                                         "service_id"),
-        "sid": prof.select(pl.col("service_id").alias("key"), "service_id"),
-        "device": state["push_tokens"].select(pl.col("device_id").alias("key"), "service_id"),
-        "email": prof.select(pl.col("email").alias("key"), "service_id"),
-        "phone": prof.select(pl.col("phone").alias("key"), "service_id"),
-    }
-    # scan only the identifier kinds the request uses, filtered to its keys
+    def source(kind: str, keys: pl.Series) -> pl.DataFrame:
+        """Rows of the identifier kind's table holding one of `keys`, as (key, service_id)."""
+        values = keys.to_list()
+        if kind == "alias":
+            names = [k.split("\x1f", 1)[1] for k in values]
+            rows = state.rows_where("aliases", "alias_name", names)
+            return rows.select((pl.col("alias_label") + "\x1f" + pl.col("alias_name")).alias("key"), "service_id")
+        table, column = {
+            "ext": ("external_ids", "external_id"), "sid": ("profiles", "service_id"),
+            "device": ("push_tokens", "device_id"), "email": ("profiles", "email"), "phone": ("profiles", "phone"),
+        }[kind]
+        return state.rows_where(table, column, values).select(pl.col(column).alias("key"), "service_id")
+
     index = pl.concat([
-        sources[kind].filter(pl.col("key").is_in(keys["key"].implode())).with_columns(kind=pl.lit(kind))
+        source(kind, keys["key"]).with_columns(kind=pl.lit(kind)).select("kind", "key", "service_id")
         for (kind,), keys in req.group_by("kind")
-    ]).select("kind", "key", "service_id")
+    ])
     hits = req.join(index, on=["kind", "key"], how="left")
     invalid = hits.filter(pl.col("service_id").is_null())["given"].unique(maintain_order=True).to_list()
+    matched = hits.filter(pl.col("service_id").is_not_null())
     users = (
-        hits.filter(pl.col("service_id").is_not_null())
-        .join(prof.select("service_id", "created_seq"), on="service_id")
+        matched.join(_rows(state, "profiles", matched.select("service_id")).select("service_id", "created_seq"),
+                     on="service_id")
         .sort("order", "created_seq")
         .unique("service_id", keep="first", maintain_order=True)
         .select("service_id")
@@ -124,10 +129,17 @@ def _ts(expr: pl.Expr) -> pl.Expr:
     return expr.dt.strftime(F.TIMESTAMP_OUT)
 
 
-def _summaries(log: pl.DataFrame, users: pl.DataFrame, name_col: str, clock: datetime) -> dict[str, list[dict[str, Any]]]:
+def _rows(state: State, table: str, users: pl.DataFrame) -> pl.DataFrame:
+    """The table's rows of `users`: binary search for a page of users, a join for many."""
+    if users.height <= POINT_READS_MAX:
+        return state.rows_where(table, "service_id", users["service_id"].to_list())
+    return state[table].join(users.select("service_id"), on="service_id", how="semi")
+
+
+def _summaries(log: pl.DataFrame, name_col: str, clock: datetime) -> dict[str, list[dict[str, Any]]]:
     now = pl.lit(clock).cast(UTC_TS)
     s = (
-        log.join(users, on="service_id", how="semi")
+        log
         .filter((pl.col("time") >= now - WINDOW) & (pl.col("time") <= now))
         .group_by("service_id", name_col)
         .agg(first=_ts(pl.col("time").min()), last=_ts(pl.col("time").max()), count=pl.len())
@@ -142,31 +154,31 @@ def _summaries(log: pl.DataFrame, users: pl.DataFrame, name_col: str, clock: dat
 def export_frame(state: State, users: pl.DataFrame, fields: list[str] | None, clock: datetime) -> list[dict[str, Any]]:
     """Exported user objects for `users` (column `service_id`, in order)."""
     want = set(fields) if fields is not None else set(M.EXPORT_FIELDS)
-    prof = users.join(state["profiles"], on="service_id", how="left").with_columns(
+    prof = users.join(_rows(state, "profiles", users), on="service_id", how="left").with_columns(
         created_at=_ts(pl.col("created_at")), push_opted_in_at=_ts(pl.col("push_opted_in_at")))
     attrs: dict[str, dict[str, Any]] = {}
     if "custom_attributes" in want:
-        a = state["attributes"].join(users, on="service_id", how="semi").sort("service_id", "name")
+        a = _rows(state, "attributes", users).sort("service_id", "name")
         for sid, name, value in a.iter_rows():
             attrs.setdefault(sid, {})[name] = orjson.loads(value)
     aliases: dict[str, list[dict[str, str]]] = {}
     if "user_aliases" in want:
-        al = state["aliases"].join(users, on="service_id", how="semi").sort("alias_label", "alias_name")
+        al = _rows(state, "aliases", users).sort("alias_label", "alias_name")
         for label, name, sid in al.iter_rows():
             aliases.setdefault(sid, []).append({"alias_name": name, "alias_label": label})
     tokens: dict[str, list[dict[str, str]]] = {}
     if want & {"push_tokens", "devices"}:
-        tk = state["push_tokens"].join(users, on="service_id", how="semi").sort("update_seq", "pos")
+        tk = _rows(state, "push_tokens", users).sort("update_seq", "pos")
         for app_id, token, device_id, sid in tk.select("app_id", "token", "device_id", "service_id").iter_rows():
             t = {"app": app_id, "token": token}
             if device_id is not None:
                 t["device_id"] = device_id
             tokens.setdefault(sid, []).append(t)
-    events = _summaries(state["events"], users, "name", clock) if "custom_events" in want else {}
-    purchases = _summaries(state["purchases"], users, "product_id", clock) if "purchases" in want else {}
+    events = _summaries(_rows(state, "events", users), "name", clock) if "custom_events" in want else {}
+    purchases = _summaries(_rows(state, "purchases", users), "product_id", clock) if "purchases" in want else {}
     revenue: dict[str, float] = {}
     if "total_revenue" in want:
-        r = state["purchases"].join(users, on="service_id", how="semi").group_by("service_id").agg(
+        r = _rows(state, "purchases", users).group_by("service_id").agg(
             (pl.col("price") * pl.col("quantity")).sum().round(6).alias("rev"))
         revenue = dict(r.iter_rows())
     out = []
@@ -208,7 +220,7 @@ def export_ids(state: State, body: Any, clock: datetime, *, fields_required: boo
     try:
         body = validate_export(body, fields_required=fields_required)
     except ExportError as e:
-        return 400, {"message": str(e)}
+        return 400, dump(MessageResponse, {"message": str(e)})
     users, invalid = match_users(state, body)
     result: dict[str, Any] = {
         "message": "success",
@@ -216,4 +228,4 @@ def export_ids(state: State, body: Any, clock: datetime, *, fields_required: boo
     }
     if invalid:
         result["invalid_user_ids"] = invalid
-    return 200, result
+    return 200, dump(ExportResponse, result)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import polars as pl
 
@@ -16,6 +16,8 @@ class State:
     tables: dict[str, pl.DataFrame]
     next_profile_n: int = 0  # profiles ever created: the next service_id ordinal
     next_update_seq: int = 0  # objects ever applied: orders "most recently updated"
+    # read indexes built on first use for this version of the state (never carried over)
+    _sorted: dict[tuple[str, str], pl.DataFrame] = field(default_factory=dict, compare=False, repr=False)
 
     @staticmethod
     def empty() -> State:
@@ -23,6 +25,21 @@ class State:
 
     def __getitem__(self, name: str) -> pl.DataFrame:
         return self.tables[name]
+
+    def rows_where(self, name: str, column: str, values: list[str]) -> pl.DataFrame:
+        """Rows of `name` whose `column` is one of `values`, by binary search on a copy of the
+        table sorted by that column (built once per state version), so point reads such as
+        an export cost what they return, not the size of the table."""
+        key = (name, column)
+        if key not in self._sorted:
+            self._sorted[key] = self.tables[name].drop_nulls(column).sort(column)
+        table = self._sorted[key]
+        wanted = pl.Series(sorted(set(values)), dtype=pl.String)
+        col = table[column]
+        lo = col.search_sorted(wanted, side="left").to_list()
+        hi = col.search_sorted(wanted, side="right").to_list()
+        parts = [table.slice(a, b - a) for a, b in zip(lo, hi, strict=True) if b > a]
+        return pl.concat(parts) if parts else table.clear()
 
 
 @dataclass
@@ -72,13 +89,16 @@ def apply_changes(state: State, changes: Changes, *, next_profile_n: int, next_u
     for name, (ups, dels) in changes.merged().items():
         key = KEYS[name]
         cur = tables[name]
-        if key is None:
-            if ups is not None:
-                cur = pl.concat([cur, ups])
-        else:
-            drop = [f for f in (ups, dels) if f is not None]
-            cur = cur.join(pl.concat([f.select(key) for f in drop]), on=list(key), how="anti")
-            if ups is not None:
-                cur = pl.concat([cur, ups])
+        if key is not None:
+            gone = pl.concat([f.select(key) for f in (ups, dels) if f is not None])
+            # a cheap one-column probe first: only rows of touched users go through the join
+            first = gone[key[0]].unique().implode()
+            touched = pl.col(key[0]).is_in(first)
+            kept = cur.filter(touched).join(gone, on=list(key), how="anti")
+            cur = pl.concat([cur.filter(~touched), kept], rechunk=False)
+        if ups is not None:
+            cur = pl.concat([cur, ups], rechunk=False)
+        if cur.n_chunks() > 64:  # many small batches: compact the in-memory chunks now and then
+            cur = cur.rechunk()
         tables[name] = cur
-    return replace(state, tables=tables, next_profile_n=next_profile_n, next_update_seq=next_update_seq)
+    return State(tables, next_profile_n=next_profile_n, next_update_seq=next_update_seq)

@@ -21,6 +21,7 @@ from typing import Any
 import duckdb
 import polars as pl
 
+from engagelake.requests.models import TrackFatalResponse, TrackResponse, dump
 from engagelake.rules.attributes import attribute_errors, fold_attributes
 from engagelake.rules.messages import ERR_UNKNOWN_SERVICE_ID
 from engagelake.rules.parse import ARRAYS, ParsedTrack
@@ -448,7 +449,7 @@ def _changes(b: _Batch) -> tuple[Changes, int]:
 def _responses(parsed: ParsedTrack, valid: ValidTrack, rejected: pl.DataFrame) -> dict[int, tuple[int, dict[str, Any]]]:
     out: dict[int, tuple[int, dict[str, Any]]] = {}
     for req, message in valid.fatal.iter_rows():  # one row per failed request, not per object
-        out[req] = (400, {"message": message, "errors": [message]})
+        out[req] = (400, dump(TrackFatalResponse, {"message": message, "errors": [message]}))
     objs = valid.objects.join(rejected.rename({"error": "dyn_error"}), on="seq", how="left").with_columns(
         error=pl.coalesce("error", "dyn_error"))
     counts = (
@@ -467,5 +468,5 @@ def _responses(parsed: ParsedTrack, valid: ValidTrack, rejected: pl.DataFrame) -
                 body[f"{a}_processed"] = count_map.get((row["req"], n), 0)
         if row["req"] in error_map:
             body["errors"] = error_map[row["req"]]
-        out[row["req"]] = (201, body)
+        out[row["req"]] = (201, dump(TrackResponse, body))
     return out

@@ -79,6 +79,8 @@ class DeltaStore:
         if not DeltaTable.is_deltatable(self._path(LEDGER)):
             self._create(seed or uuid.uuid4().hex)
         self.head = self._read_head()
+        self._ledger_table: DeltaTable | None = None
+        self._ledger_version = -1
 
     def _path(self, name: str) -> str:
         return f"{self.uri.rstrip('/')}/{name}"
@@ -139,7 +141,16 @@ class DeltaStore:
                 fcntl.flock(handle, fcntl.LOCK_UN)
 
     def refresh(self) -> bool:
-        """Re-read the ledger; True when another writer committed since."""
+        """True when another writer committed since we last looked (then the head is re-read).
+        A cheap check: only the ledger's new log entries are read."""
+        if self._ledger_table is None:
+            self._ledger_table = DeltaTable(self._path(LEDGER))
+        else:
+            self._ledger_table.update_incremental()
+        version = self._ledger_table.version()
+        if version == self._ledger_version:
+            return False
+        self._ledger_version = version
         head = self._read_head()
         changed = head.batch_no != self.head.batch_no
         self.head = head
