@@ -829,8 +829,8 @@ class Model:
         seen: set[int] = set()
         invalid: list[str] = []
         for requested, found in lookups:
-            if not found:
-                # DECISION: unmatched identifiers as sent (raw email/phone), repeats kept.
+            if not found and requested not in invalid:
+                # DECISION: unmatched identifiers as sent (raw email/phone), each string once.
                 invalid.append(requested)
             for p in found:
                 if p["n"] not in seen:

@@ -564,6 +564,15 @@ def test_export_ids(model: Model) -> None:
     assert body == {"message": "success", "users": [{"devices": [{"device_id": "d"}]}]}
     _, body = export(model, email_address="bad", fields_to_export=["email"])
     assert body == {"message": "success", "users": [], "invalid_user_ids": ["bad"]}
+    # each unmatched identifier once, in request order
+    _, body = export(
+        model,
+        external_ids=["x", "u1", "x"],
+        user_aliases=[{"alias_name": "x", "alias_label": "crm"}],
+        phone="+1 415",
+        fields_to_export=[],
+    )
+    assert body == {"message": "success", "users": [{}], "invalid_user_ids": ["x", "+1 415"]}
 
 
 @pytest.mark.parametrize(

@@ -119,7 +119,7 @@ class _Batch:
         )
         return prof.filter(keep).select(
             pl.col("service_id").alias("sid"), "email", "phone", "updated_at", "update_seq",
-            pl.col("external_id").is_not_null().alias("has_ext"),
+            pl.col("external_id").is_not_null().alias("has_ext"), "created_seq",
         )
 
     # --- static part ---------------------------------------------------------------------------
@@ -151,7 +151,8 @@ class _Batch:
         dyn_targets = pl.DataFrame(schema={"seq": pl.Int64, "target": pl.String})
         dyn_creations = self.strong_creations.clear()
         rejected = pl.DataFrame(schema={"seq": pl.Int64, "error": pl.String})
-        for _ in range(self.dynamic.height + self.imports.height + 2):
+        # each pass fixes at least the earliest wrong outcome, so passes <= objects + 1
+        for _ in range(self.ok.height + 2):
             self._timelines(dyn_targets, dyn_creations, rejected)
             new_targets, new_creations = self._resolve_dynamic()
             new_rejected = self._state_errors(new_targets, new_creations)
@@ -261,13 +262,20 @@ class _Batch:
         cur = cur.with_columns(
             now=pl.when(pl.col("found")).then(pl.col(kind)).otherwise(pl.col("state_value"))
         ).filter(pl.col("now") == pl.col("key")).select("seq", "sid")
-        ext_created = self.creations.filter(pl.col("kind") == "ext").select(sid="temp", created_ext=pl.lit(True))
+        # profiles created in this batch: newer than every stored one, in creation order
+        created = self.creations.select(
+            sid="temp", created_ext=pl.col("kind") == "ext",
+            new_order=pl.lit(1 << 62) + pl.col("seq") * (1 << 20) + pl.col("pos"))
         ranked = (
             self._recency(cur)
-            .join(self.prof.select("sid", "has_ext"), on="sid", how="left")
-            .join(ext_created, on="sid", how="left")
-            .with_columns(has_ext=pl.col("has_ext").fill_null(False) | pl.col("created_ext").fill_null(False))
-            .sort(["seq", "has_ext", "ts", "useq"], descending=[False, True, True, True], nulls_last=True)
+            .join(self.prof.select("sid", "has_ext", "created_seq"), on="sid", how="left")
+            .join(created, on="sid", how="left")
+            .with_columns(has_ext=pl.col("has_ext").fill_null(False) | pl.col("created_ext").fill_null(False),
+                          order=pl.coalesce("created_seq", "new_order"))
+            # one object can touch several profiles (propagation, a moved token): equal recency
+            # is broken by creation order, the later-created profile counting as more recent
+            .sort(["seq", "has_ext", "ts", "useq", "order"], descending=[False, True, True, True, True],
+                  nulls_last=True)
             .group_by("seq", maintain_order=True).agg(pl.col("sid").first().alias("target"))
         )
         resolved = objs.join(ranked, on="seq", how="left")
