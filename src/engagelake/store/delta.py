@@ -179,8 +179,9 @@ class DeltaStore:
 
     def find_batch(self, key: str) -> list[Any] | None:
         """Stored responses of the committed batch with this idempotency key, if any."""
-        hit = self._ledger(["batch_key", "responses"]).filter(pl.col("batch_key") == key)
-        return orjson.loads(hit["responses"][0]) if hit.height else None
+        table = DeltaTable(self._path(LEDGER)).to_pyarrow_table(
+            columns=["responses"], filters=[("batch_key", "=", key)])  # reads only the matching row's data
+        return orjson.loads(table.column("responses")[0].as_py()) if table.num_rows else None
 
     def commit(self, changes: Changes, *, key: str | None, responses: list[Any], next_profile_n: int,
                next_update_seq: int) -> None:
