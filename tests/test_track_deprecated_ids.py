@@ -8,10 +8,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import polars as pl
+from tests.helpers import export_one, track
 
 from engagelake import Workspace
 from engagelake.rules.state import Changes
-from tests.helpers import export_one, track
 
 NOW = datetime(2026, 11, 22, 12, tzinfo=UTC)
 
