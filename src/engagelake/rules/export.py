@@ -159,16 +159,17 @@ def export_frame(state: State, users: pl.DataFrame, fields: list[str] | None, cl
     attrs: dict[str, dict[str, Any]] = {}
     if "custom_attributes" in want:
         a = _rows(state, "attributes", users).sort("service_id", "name")
-        for sid, name, value in a.iter_rows():
+        for sid, name, value in a.iter_rows():  # JSON shaping of the exported users' rows
             attrs.setdefault(sid, {})[name] = orjson.loads(value)
     aliases: dict[str, list[dict[str, str]]] = {}
     if "user_aliases" in want:
         al = _rows(state, "aliases", users).sort("alias_label", "alias_name")
-        for label, name, sid in al.iter_rows():
+        for label, name, sid in al.iter_rows():  # JSON shaping, as above
             aliases.setdefault(sid, []).append({"alias_name": name, "alias_label": label})
     tokens: dict[str, list[dict[str, str]]] = {}
     if want & {"push_tokens", "devices"}:
         tk = _rows(state, "push_tokens", users).sort("update_seq", "pos")
+        # JSON shaping, as above
         for app_id, token, device_id, sid in tk.select("app_id", "token", "device_id", "service_id").iter_rows():
             t = {"app": app_id, "token": token}
             if device_id is not None:
@@ -180,7 +181,7 @@ def export_frame(state: State, users: pl.DataFrame, fields: list[str] | None, cl
     if "total_revenue" in want:
         r = _rows(state, "purchases", users).group_by("service_id").agg(
             (pl.col("price") * pl.col("quantity")).sum().round(6).alias("rev"))
-        revenue = dict(r.iter_rows())
+        revenue = dict(r.iter_rows())  # one row per exported user
     out = []
     for row in prof.iter_rows(named=True):  # one row per exported user: JSON shaping only
         sid = row["service_id"]
