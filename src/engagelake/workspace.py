@@ -82,7 +82,7 @@ class Workspace:
         self.store = store
         self.clock = clock
         self.fields_required = fields_required
-        self._state = store.load()
+        self._state: State | None = store.load()
 
     @classmethod
     def open(cls, uri: str | Path, *, clock: Clock | None = None, seed: str | None = None,
@@ -93,7 +93,7 @@ class Workspace:
 
     @property
     def state(self) -> State:
-        if self.store.refresh():
+        if self.store.refresh() or self._state is None:
             self._state = self.store.load()
         return self._state
 
@@ -118,6 +118,14 @@ class Workspace:
 
     def _apply_once(self, requests: list[dict[str, Any]], idempotency_key: str | None) -> list[Response]:
         state = self.state
+        # Let the pre-batch view go as soon as the first pass has replaced it: a long batch then
+        # holds two versions of the state at a time, not three. After a failure the next read
+        # reloads it from the store.
+        self._state = None
+        return self._apply_passes(state, requests, idempotency_key)
+
+    def _apply_passes(self, state: State, requests: list[dict[str, Any]], idempotency_key: str | None
+                      ) -> list[Response]:
         clock = self.clock()
         responses: list[Response | None] = [None] * len(requests)
         all_changes = Changes()
