@@ -23,7 +23,7 @@ from deltalake import DeltaTable
 from engagelake import Workspace
 from engagelake.rules.messages import EXPORT_FIELDS
 from engagelake.store.delta import CRASH_ENV, LEDGER
-from engagelake.store.schema import TABLES
+from engagelake.store.schema import TABLES, USER_TABLES
 
 NOW = datetime(2026, 11, 22, 12, tzinfo=UTC)
 SEED = "crash"
@@ -33,9 +33,11 @@ KEY_1 = "batch-1"
 KEY_2 = "batch-2"
 
 # Every failpoint of a batch that changes every table, in protocol order.
+# the tables BATCH_2 writes: every user table (resource tables go through the same protocol)
+WRITTEN = tuple(t for t in USER_TABLES if t not in ("redirects", "merges"))
 CRASH_POINTS = [
     "before_tables",
-    *(f"after_table:{t}" for t in TABLES),
+    *(f"after_table:{t}" for t in WRITTEN),
     "before_ledger",
     "after_ledger",
 ]
@@ -172,7 +174,7 @@ def disk_versions(store: str | Path) -> dict[str, int]:
 def tables_ahead(store: str | Path) -> set[str]:
     """Tables whose Delta log has versions past the one the ledger names."""
     named = ledger_versions(store)
-    return {name for name in TABLES if DeltaTable(f"{store}/{name}").version() > named[name]}
+    return {name for name in WRITTEN if DeltaTable(f"{store}/{name}").version() > named[name]}
 
 
 def run_worker(store: str | Path, point: str) -> subprocess.CompletedProcess[str]:

@@ -22,6 +22,7 @@ from tests.crash_worker import (
     KEY_1,
     KEY_2,
     TRACK,
+    WRITTEN,
     counts,
     disk_versions,
     ledger_batches,
@@ -56,7 +57,7 @@ def ref(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
     assert len(responses[-1].body["users"]) == 4  # the export saw the whole batch
     full_versions = disk_versions(full)
     # BATCH_2 writes every table (so every after_table failpoint fires) and one ledger row.
-    assert all(full_versions[t] == base_versions[t] + 1 for t in TABLES), (
+    assert all(full_versions[t] == base_versions[t] + 1 for t in WRITTEN), (
         base_versions,
         full_versions,
     )
@@ -99,10 +100,10 @@ def test_crash_then_rerun_equals_uninterrupted_run(
     committed = point == "after_ledger"
     assert ledger_batches(store) == (3 if committed else 2)  # creation row, BATCH_1[, BATCH_2]
     if point.startswith("after_table:"):
-        written = TABLES[: TABLES.index(point.removeprefix("after_table:")) + 1]
+        written = WRITTEN[: WRITTEN.index(point.removeprefix("after_table:")) + 1]
         assert tables_ahead(store) == set(written)
     elif point == "before_ledger":
-        assert tables_ahead(store) == set(TABLES)
+        assert tables_ahead(store) == set(WRITTEN)
     else:
         assert tables_ahead(store) == set()
 

@@ -8,7 +8,8 @@ __version__ = "0.1.0"
 __all__ = ["Response", "Workspace", "__version__"]
 
 if TYPE_CHECKING:
-    from engagelake.workspace import Response, Workspace
+    from engagelake.routing import Response
+    from engagelake.workspace import Workspace
 
 
 def __getattr__(name: str) -> Any:

@@ -7,8 +7,9 @@ reads (exports see every earlier request of the batch), then commits the batch a
 
 from __future__ import annotations
 
+import re
+import uuid
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -19,8 +20,11 @@ import polars as pl
 import pyarrow as pa
 
 from engagelake.errors import StaleStoreError, StoreError
+from engagelake.resources import RESOURCE_ROUTES
+from engagelake.routing import Context, Handler, Request, Response, compile_pattern, split_path
 from engagelake.rules import messages as M
 from engagelake.rules.export import export_frame, export_ids
+from engagelake.rules.identity import IDENTITY_PATHS, apply_identity
 from engagelake.rules.parse import parse_track
 from engagelake.rules.state import Changes, State, apply_changes
 from engagelake.rules.track import apply_track
@@ -32,16 +36,21 @@ Clock = Callable[[], datetime]
 # Long runs of track requests are applied in passes of at most this many requests (up to ~170k
 # objects): the same result as one pass (sequential application is the invariant), bounded memory.
 TRACK_RUN_MAX = 2000
-ROUTES: dict[str, dict[str, str]] = {
+# Endpoints the workspace runs itself: track passes, export reads, identity runs.
+USER_ROUTES: dict[str, dict[str, str]] = {
     "/users/track": {"POST": "track"},
     "/users/export/ids": {"POST": "export"},
+    **{path: {"POST": kind} for kind, path in IDENTITY_PATHS.items()},
 }
 
 
-@dataclass(frozen=True)
-class Response:
-    status: int
-    body: dict[str, Any] | None
+def _routes() -> list[tuple[re.Pattern[str], dict[str, str | Handler]]]:
+    table: dict[str, dict[str, str | Handler]] = {p: dict(m) for p, m in USER_ROUTES.items()}
+    table.update({p: dict(m) for p, m in RESOURCE_ROUTES.items()})
+    return [(compile_pattern(p), methods) for p, methods in table.items()]
+
+
+ROUTES = _routes()
 
 
 def _now() -> datetime:
@@ -54,25 +63,89 @@ class _Bad(Exception):
         self.response = Response(status, {"message": message})
 
 
-def _route(request: Any) -> tuple[str, Any]:
-    """(endpoint name, decoded body) of one request, or raise _Bad with its answer."""
+def _route(request: Any) -> tuple[str | Handler, Request, str]:
+    """(endpoint, routed request, body as JSON text) of one request, or raise _Bad."""
     if not isinstance(request, dict) or not isinstance(request.get("path"), str):
         raise _Bad(400, "a request must be an object with string method and path")
     method = str(request.get("method", "")).upper()
-    path = "/" + request["path"].strip("/")
-    methods = ROUTES.get(path)
-    if methods is None:
+    path, query = split_path(request["path"])
+    found = next(((m, methods) for pattern, methods in ROUTES if (m := pattern.match(path))), None)
+    if found is None:
         raise _Bad(404, M.NOT_FOUND.format(method=method, path=path))
+    match, methods = found
     if method not in methods:
         raise _Bad(405, M.METHOD_NOT_ALLOWED.format(method=method, path=path, allowed=", ".join(methods)))
     body = request.get("body")
     try:
         if isinstance(body, str | bytes | bytearray | memoryview):
-            body = orjson.loads(body)
+            body = orjson.loads(body) if method != "GET" or body else None
         text = orjson.dumps(body).decode()  # proves the body is plain JSON data
     except (orjson.JSONDecodeError, TypeError):
         raise _Bad(400, M.BAD_JSON) from None
-    return methods[method], (body, text)
+    query = {**query, **(request.get("query") or {})}
+    return methods[method], Request(method, path, body, match.groupdict(), query), text
+
+
+class _Batch:
+    """One `apply`: the evolving state, the changes to commit, the responses so far. Runs of
+    consecutive track requests (and of same-kind identity requests) are applied as one pass."""
+
+    def __init__(self, ws: Workspace, state: State, n: int):
+        self.ws = ws
+        self.state = state
+        self.clock = ws.clock()
+        self.seed = ws.store.head.seed
+        self.batch_id = uuid.uuid4().hex
+        self.changes = Changes()
+        self.responses: list[Response | None] = [None] * n
+        self.pending: list[tuple[int, str]] = []
+        self.pending_kind = "track"
+
+    def write(self, changes: Changes, *, next_profile_n: int | None = None,
+              next_update_seq: int | None = None) -> None:
+        self.changes.extend(changes)
+        self.state = apply_changes(
+            self.state, changes,
+            next_profile_n=self.state.next_profile_n if next_profile_n is None else next_profile_n,
+            next_update_seq=self.state.next_update_seq if next_update_seq is None else next_update_seq)
+
+    def track(self, body: dict[str, Any]) -> Response:
+        self.flush()
+        out: list[Response | None] = [None]
+        self._track_pass([(0, orjson.dumps(body).decode())], out)
+        assert out[0] is not None
+        return out[0]
+
+    def add(self, i: int, kind: str, text: str) -> None:
+        if self.pending and (kind != self.pending_kind or len(self.pending) >= TRACK_RUN_MAX):
+            self.flush()
+        self.pending_kind = kind
+        self.pending.append((i, text))
+
+    def flush(self) -> None:
+        if not self.pending:
+            return
+        pending, self.pending = self.pending, []
+        if self.pending_kind == "track":
+            self._track_pass(pending, self.responses)
+        else:
+            outcome = apply_identity(self.state, self.pending_kind, pending, clock=self.clock, seed=self.seed,
+                                     batch=self.batch_id)
+            for i, (status, body) in outcome.responses.items():
+                self.responses[i] = Response(status, body)
+            self.write(outcome.changes, next_update_seq=outcome.next_update_seq)
+
+    def _track_pass(self, pending: list[tuple[int, str]], responses: list[Response | None]) -> None:
+        bodies = pa.table({
+            "req": pa.array(range(len(pending)), pa.int64()),
+            "body": [text for _, text in pending],
+        })
+        parsed = parse_track(bodies)
+        valid = validate_track(parsed)
+        outcome = apply_track(self.state, parsed, valid, clock=self.clock, seed=self.seed)
+        for req, (status, body) in outcome.responses.items():
+            responses[pending[req][0]] = Response(status, body)
+        self.write(outcome.changes, next_profile_n=outcome.next_profile_n, next_update_seq=outcome.next_update_seq)
 
 
 class Workspace:
@@ -116,67 +189,58 @@ class Workspace:
                 continue
         raise StoreError(f"the store at {self.store.uri} kept changing under this batch; retry later")
 
+    def write(self, build: Callable[[Context], None]) -> None:
+        """Run `build(ctx)` as a batch of its own (library-level loaders: directories, catalog
+        definitions, campaigns): it reads `ctx.state` and writes with `ctx.write(changes)`."""
+        for _ in range(3):
+            try:
+                self._run_batch(lambda batch: build(batch), 0, None)
+                return
+            except StaleStoreError:
+                continue
+        raise StoreError(f"the store at {self.store.uri} kept changing under this batch; retry later")
+
     def _apply_once(self, requests: list[dict[str, Any]], idempotency_key: str | None) -> list[Response]:
+        return self._run_batch(lambda batch: self._dispatch(batch, requests), len(requests), idempotency_key)
+
+    def _run_batch(self, body: Callable[[_Batch], None], n: int, idempotency_key: str | None) -> list[Response]:
         state = self.state
         # Let the pre-batch view go as soon as the first pass has replaced it: a long batch then
         # holds two versions of the state at a time, not three. After a failure the next read
         # reloads it from the store.
         self._state = None
-        return self._apply_passes(state, requests, idempotency_key)
-
-    def _apply_passes(self, state: State, requests: list[dict[str, Any]], idempotency_key: str | None
-                      ) -> list[Response]:
-        clock = self.clock()
-        responses: list[Response | None] = [None] * len(requests)
-        all_changes = Changes()
-        pending: list[tuple[int, Any]] = []
-
-        def flush() -> None:
-            nonlocal state
-            if not pending:
-                return
-            state = self._track(state, pending, responses, all_changes, clock)
-            pending.clear()
-
-        for i, request in enumerate(requests):
-            try:
-                endpoint, (body, text) = _route(request)
-            except _Bad as bad:
-                responses[i] = bad.response
-                continue
-            if endpoint == "track":
-                pending.append((i, text))
-                if len(pending) >= TRACK_RUN_MAX:
-                    flush()
-            else:
-                flush()
-                status, out = export_ids(state, body, clock, fields_required=self.fields_required)
-                responses[i] = Response(status, out)
-        flush()
-        final = [r for r in responses if r is not None]
-        assert len(final) == len(requests)
-        if all_changes or idempotency_key is not None:
+        batch = _Batch(self, state, n)
+        if idempotency_key is not None:
+            batch.batch_id = idempotency_key
+        body(batch)
+        batch.flush()
+        final = [r for r in batch.responses if r is not None]
+        assert len(final) == n
+        if batch.changes or idempotency_key is not None:
             self.store.commit(
-                all_changes, key=idempotency_key, responses=[[r.status, r.body] for r in final],
-                next_profile_n=state.next_profile_n, next_update_seq=state.next_update_seq,
+                batch.changes, key=idempotency_key, responses=[[r.status, r.body] for r in final],
+                next_profile_n=batch.state.next_profile_n, next_update_seq=batch.state.next_update_seq,
             )
-        self._state = state
+        self._state = batch.state
         return final
 
-    def _track(self, state: State, pending: list[tuple[int, Any]], responses: list[Response | None],
-               all_changes: Changes, clock: datetime) -> State:
-        bodies = pa.table({
-            "req": pa.array(range(len(pending)), pa.int64()),
-            "body": [text for _, text in pending],
-        })
-        parsed = parse_track(bodies)
-        valid = validate_track(parsed)
-        outcome = apply_track(state, parsed, valid, clock=clock, seed=self.store.head.seed)
-        for req, (status, body) in outcome.responses.items():
-            responses[pending[req][0]] = Response(status, body)
-        all_changes.extend(outcome.changes)
-        return apply_changes(state, outcome.changes, next_profile_n=outcome.next_profile_n,
-                             next_update_seq=outcome.next_update_seq)
+    def _dispatch(self, batch: _Batch, requests: list[dict[str, Any]]) -> None:
+        for i, request in enumerate(requests):
+            try:
+                endpoint, routed, text = _route(request)
+            except _Bad as bad:
+                batch.responses[i] = bad.response
+                continue
+            if isinstance(endpoint, str) and endpoint != "export":
+                batch.add(i, endpoint, text)
+                continue
+            batch.flush()
+            if endpoint == "export":
+                status, out = export_ids(batch.state, routed.body, batch.clock, fields_required=self.fields_required)
+                batch.responses[i] = Response(status, out)
+            else:
+                assert callable(endpoint)
+                batch.responses[i] = endpoint(batch, routed)
 
     # --- reading -------------------------------------------------------------------------------
     def table_names(self) -> list[str]:

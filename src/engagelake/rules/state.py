@@ -83,6 +83,16 @@ class Changes:
         return out
 
 
+def remap_history(log: pl.DataFrame, redirects: pl.DataFrame) -> pl.DataFrame:
+    """An event or purchase log with merged profiles' rows moved to the surviving profile and
+    deleted profiles' rows dropped (`redirects`: service_id -> into, null into = deleted)."""
+    if redirects.height == 0 or log.height == 0:
+        return log
+    moved = log.join(redirects.select("service_id", "into"), on="service_id", how="left", maintain_order="left")
+    return (moved.filter(pl.col("into").is_not_null() | ~pl.col("service_id").is_in(redirects["service_id"].implode()))
+            .with_columns(pl.coalesce("into", "service_id").alias("service_id")).drop("into"))
+
+
 def apply_changes(state: State, changes: Changes, *, next_profile_n: int, next_update_seq: int) -> State:
     """The state after `changes`: keyed tables replace rows by key, logs append."""
     tables = dict(state.tables)
@@ -98,6 +108,9 @@ def apply_changes(state: State, changes: Changes, *, next_profile_n: int, next_u
             cur = pl.concat([cur.filter(~touched), kept], rechunk=False)
         if ups is not None:
             cur = pl.concat([cur, ups], rechunk=False)
+        if name == "redirects" and ups is not None:  # history follows merges, goes with deletes
+            for log in ("events", "purchases"):
+                tables[log] = remap_history(tables[log], ups)
         if cur.n_chunks() > 64:  # many small batches: compact the in-memory chunks now and then
             cur = cur.rechunk()
         tables[name] = cur

@@ -31,7 +31,7 @@ import polars as pl
 from deltalake import DeltaTable, write_deltalake
 
 from engagelake.errors import StaleStoreError, StoreError
-from engagelake.rules.state import Changes, State
+from engagelake.rules.state import Changes, State, remap_history
 from engagelake.store.schema import KEYS, SCHEMAS, TABLES, UTC_TS
 
 LEDGER = "_ledger"
@@ -86,11 +86,13 @@ class DeltaStore:
         return f"{self.uri.rstrip('/')}/{name}"
 
     def _create(self, seed: str) -> None:
-        versions = {}
-        for name in TABLES:
-            write_deltalake(self._path(name), pl.DataFrame(schema=_stored_schema(name)).to_arrow(), mode="overwrite")
-            versions[name] = DeltaTable(self._path(name)).version()
+        versions = {name: self._create_table(name) for name in TABLES}
         self._append_ledger(0, None, versions, 0, 0, seed, [])
+
+    def _create_table(self, name: str) -> int:
+        """An empty table at its first version (also for tables added after the store was made)."""
+        write_deltalake(self._path(name), pl.DataFrame(schema=_stored_schema(name)).to_arrow(), mode="overwrite")
+        return DeltaTable(self._path(name)).version()
 
     def _append_ledger(self, batch_no: int, key: str | None, versions: dict[str, int], next_n: int,
                        next_seq: int, seed: str, responses: list[Any]) -> None:
@@ -122,8 +124,12 @@ class DeltaStore:
     def _recover(self) -> None:
         """Roll back tables that hold writes of a batch that never reached the ledger (a dead
         writer's); only called under the writer lock, so no live writer is mid-commit."""
-        for name, version in self.head.versions.items():
+        for name in TABLES:
+            if not DeltaTable.is_deltatable(self._path(name)):
+                continue
             table = DeltaTable(self._path(name))
+            # a table the ledger does not name yet was created (and maybe written) by a dead writer
+            version = self.head.versions.get(name, 0)
             if table.version() > version:
                 table.restore(version)
 
@@ -158,6 +164,8 @@ class DeltaStore:
 
     def read_table(self, name: str) -> pl.DataFrame:
         """The current view of one table at the committed version."""
+        if name not in self.head.versions:  # a table newer than this store, never written yet
+            return pl.DataFrame(schema=SCHEMAS[name])
         arrow = DeltaTable(self._path(name), version=self.head.versions[name]).to_pyarrow_table()
         frame = pl.from_arrow(arrow)
         assert isinstance(frame, pl.DataFrame)
@@ -171,8 +179,11 @@ class DeltaStore:
         return frame.sort("_batch", maintain_order=True).drop("_batch", "_deleted")
 
     def load(self) -> State:
+        tables = {name: self.read_table(name) for name in TABLES}
+        for log in ("events", "purchases"):
+            tables[log] = remap_history(tables[log], tables["redirects"])
         return State(
-            {name: self.read_table(name) for name in TABLES},
+            tables,
             next_profile_n=self.head.next_profile_n,
             next_update_seq=self.head.next_update_seq,
         )
@@ -211,6 +222,8 @@ class DeltaStore:
                 [pl.col(c).cast(t) if c in parts[0].columns or c in parts[-1].columns else pl.lit(None).cast(t).alias(c)
                  for c, t in _stored_schema(name).items()]
             )
+            if name not in versions and not DeltaTable.is_deltatable(self._path(name)):
+                self._create_table(name)
             write_deltalake(self._path(name), rows.to_arrow(), mode="append")
             versions[name] = DeltaTable(self._path(name)).version()
             _failpoint(f"after_table:{name}")

@@ -4,6 +4,13 @@ from __future__ import annotations
 
 import polars as pl
 
+from engagelake.store import (
+    tables_campaigns,
+    tables_catalogs,
+    tables_preference_centers,
+    tables_scim,
+)
+
 UTC_TS = pl.Datetime("us", "UTC")
 
 PROFILE_STRING_FIELDS = (
@@ -46,6 +53,17 @@ SCHEMAS: dict[str, dict[str, pl.DataType]] = {
         "price": pl.Float64(), "quantity": pl.Int64(), "time": UTC_TS, "app_id": pl.String(),
         "properties": pl.String(), "update_seq": pl.Int64(),
     },
+    # where the history of a merged or deleted profile went: `into` is the surviving profile,
+    # null when deleted. Event and purchase logs are never rewritten by a batch; readers remap
+    # their service_id through this table, and compaction rewrites them for good.
+    "redirects": {"service_id": pl.String(), "into": pl.String(), "at": UTC_TS},
+    # lineage: one row per merge, identify, rename, remove, alias and delete item, applied or skipped
+    "merges": {
+        "batch": pl.String(), "request": pl.Int64(), "item": pl.Int64(), "seq": pl.Int64(),
+        "kind": pl.String(), "rule": pl.String(), "outcome": pl.String(), "reason": pl.String(),
+        "source": pl.String(), "target": pl.String(),  # the identifiers as sent, JSON
+        "source_sid": pl.String(), "target_sid": pl.String(), "at": UTC_TS,
+    },
 }
 
 # Key columns of state tables (latest row per key wins in the append logs); None = append-only log.
@@ -58,7 +76,15 @@ KEYS: dict[str, tuple[str, ...] | None] = {
     "push_tokens": ("app_id", "token"),
     "events": None,
     "purchases": None,
+    "redirects": ("service_id",),
+    "merges": None,
 }
+
+USER_TABLES = tuple(SCHEMAS)  # the user tables; resource tables follow
+
+for _module in (tables_scim, tables_preference_centers, tables_catalogs, tables_campaigns):
+    SCHEMAS.update(_module.SCHEMAS)
+    KEYS.update(_module.KEYS)
 
 TABLES = tuple(SCHEMAS)
 

@@ -1,0 +1,70 @@
+"""Routes of the one dispatch: path patterns with parameters, and the contract of a handler.
+
+Track and export are vectorized passes run by the workspace itself; identity endpoints run in
+vectorized runs (`rules/identity.py`); every other resource (SCIM, preference centers, catalogs,
+translations) is a handler `handler(ctx, request) -> Response` that reads `ctx.state` and
+writes through `ctx.write(changes)`, so its effects join the batch and commit atomically with it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Protocol
+from urllib.parse import parse_qsl, urlsplit
+
+from engagelake.rules.state import Changes, State
+
+
+@dataclass(frozen=True)
+class Response:
+    """Status and JSON body (a `str` for HTML pages, None for no body), as the REST API answers."""
+
+    status: int
+    body: Any
+
+
+@dataclass(frozen=True)
+class Request:
+    """One routed request: path parameters extracted, query string merged into `query`."""
+
+    method: str
+    path: str
+    body: Any
+    params: dict[str, str] = field(default_factory=dict)
+    query: dict[str, Any] = field(default_factory=dict)
+
+
+class Context(Protocol):
+    """What a handler sees of the batch it runs in."""
+
+    @property
+    def state(self) -> State: ...  # every earlier request of the batch included
+
+    @property
+    def clock(self) -> datetime: ...  # the batch's clock reading
+
+    @property
+    def seed(self) -> str: ...  # the store's secret seed (service_ids, signed tokens)
+
+    def write(self, changes: Changes) -> None: ...  # apply now, commit with the batch
+
+    def track(self, body: dict[str, Any]) -> Response: ...  # run a /users/track request now
+
+
+Handler = Callable[[Context, Request], Response]
+
+
+def compile_pattern(pattern: str) -> re.Pattern[str]:
+    """`/catalogs/{catalog_name}/items` -> a regex with one named group per parameter."""
+    parts = re.split(r"\{(\w+)\}", pattern)
+    regex = "".join(re.escape(p) if i % 2 == 0 else f"(?P<{p}>[^/]+)" for i, p in enumerate(parts))
+    return re.compile(f"^{regex}$")
+
+
+def split_path(path: str) -> tuple[str, dict[str, Any]]:
+    """Normalized path and the query parameters written into it (`/x?a=1` -> `/x`, {a: "1"})."""
+    parts = urlsplit(path)
+    return "/" + parts.path.strip("/"), dict(parse_qsl(parts.query, keep_blank_values=True))
