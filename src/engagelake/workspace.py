@@ -21,6 +21,10 @@ import pyarrow as pa
 
 from engagelake.errors import StaleStoreError, StoreError
 from engagelake.resources import RESOURCE_ROUTES
+from engagelake.resources.campaigns import Campaigns
+from engagelake.resources.catalogs import Catalogs
+from engagelake.resources.preference_centers import PreferenceCenters
+from engagelake.resources.scim import Scim
 from engagelake.routing import Context, Handler, Request, Response, compile_pattern, split_path
 from engagelake.rules import messages as M
 from engagelake.rules.export import export_frame, export_ids
@@ -241,6 +245,23 @@ class Workspace:
             else:
                 assert callable(endpoint)
                 batch.responses[i] = endpoint(batch, routed)
+
+    # --- resources: friendly methods over `call` ------------------------------------------------
+    @property
+    def scim(self) -> Scim:
+        return Scim(self)
+
+    @property
+    def preference_centers(self) -> PreferenceCenters:
+        return PreferenceCenters(self)
+
+    @property
+    def catalogs(self) -> Catalogs:
+        return Catalogs(self)
+
+    @property
+    def campaigns(self) -> Campaigns:
+        return Campaigns(self)
 
     # --- reading -------------------------------------------------------------------------------
     def table_names(self) -> list[str]:

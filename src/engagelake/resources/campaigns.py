@@ -2,6 +2,18 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from engagelake.routing import Handler
 
+if TYPE_CHECKING:
+    from engagelake.workspace import Workspace
+
 ROUTES: dict[str, dict[str, Handler]] = {}
+
+
+class Campaigns:
+    """Friendly methods over `Workspace.call` for this resource (`ws.campaigns`)."""
+
+    def __init__(self, ws: Workspace):
+        self.ws = ws
