@@ -137,7 +137,8 @@ class _Batch:
                                      batch=self.batch_id)
             for i, (status, body) in outcome.responses.items():
                 self.responses[i] = Response(status, body)
-            self.write(outcome.changes, next_update_seq=outcome.next_update_seq)
+            self.write(outcome.changes, next_profile_n=outcome.next_profile_n,
+                       next_update_seq=outcome.next_update_seq)
 
     def _track_pass(self, pending: list[tuple[int, str]], responses: list[Response | None]) -> None:
         bodies = pa.table({

@@ -124,3 +124,53 @@ EXPORT_FIELDS = (
     # accepted besides the specification's list (SEMANTICS.md section 6)
     "email_subscribe", "push_subscribe", "push_opted_in_at",
 )
+
+# --- identity endpoints (status 400, {"message": ...}; nothing of the request applied) ----------
+BODY_NOT_OBJECT = "request body must be a JSON object"
+LIST_NOT_ARRAY = "{field} must be an array of objects"
+LIST_EMPTY = "{field} must not be empty"
+LIST_TOO_MANY = "{field} may contain at most 50 objects"
+ITEM_NOT_OBJECT = "{field}[{index}] must be an object"
+# merge
+MERGE_SIDES = "merge_updates[{index}] must have identifier_to_merge and identifier_to_keep objects"
+IDENTIFIER_ONE_OF = "{where} must contain exactly one of external_id, user_alias, service_id, email or phone"
+IDENTIFIER_INVALID = "{where}: {error}"
+PRIORITIZATION = ("{where}: prioritization must be a non-empty array of identified, unidentified, "
+                  "most_recently_updated, least_recently_updated")
+PRIORITIZATION_BOTH = "{where}: prioritization may contain only one of identified and unidentified"
+PRIORITIZATION_VALUES = ("identified", "unidentified", "most_recently_updated", "least_recently_updated")
+# identify
+IDENTIFY_NO_ARRAYS = "at least one of aliases_to_identify, emails_to_identify or phone_numbers_to_identify is required"
+IDENTIFY_TOO_MANY = ("aliases_to_identify, emails_to_identify and phone_numbers_to_identify may contain "
+                     "at most 50 objects together")
+IDENTIFY_MERGE_BEHAVIOR = "merge_behavior must be none or merge"
+IDENTIFY_EXTERNAL_ID = "{where}: external_id must be a non-empty string"
+IDENTIFY_BLOCKED = "{where}: " + "provided external_id is blacklisted and disallowed"
+# external IDs: rename and remove (per-item errors listed with the item's index)
+IDS_NOT_STRINGS = "external_ids must be an array of strings"
+RENAME_SHAPE = "current_external_id and new_external_id must be non-empty strings"
+RENAME_SAME = "current_external_id and new_external_id must differ"
+RENAME_BLOCKED = "new_external_id is blacklisted and disallowed"
+RENAME_DEPRECATED = "current_external_id is a deprecated external ID; only primary IDs can be renamed"
+RENAME_UNKNOWN = "current_external_id does not exist"
+RENAME_IN_USE = "new_external_id is already in use"
+REMOVE_SHAPE = "external ID must be a non-empty string"
+REMOVE_PRIMARY = "external ID is a primary ID; only deprecated IDs can be removed"
+REMOVE_UNKNOWN = "external ID does not exist"
+# aliases
+ALIAS_SHAPE = "{where} must have non-empty string alias_name and alias_label"
+ALIAS_EXTERNAL_ID = "{where}: external_id must be a non-empty string"
+ALIAS_UPDATE_SHAPE = "{where} must have non-empty string alias_label, old_alias_name and new_alias_name"
+# delete
+DELETE_NO_IDS = "at least one of external_ids, user_aliases or service_ids is required"
+DELETE_TOO_MANY = "external_ids, user_aliases and service_ids may contain at most 50 identifiers together"
+DELETE_STRINGS = "{field} must be an array of non-empty strings"
+DELETE_ALIASES = "user_aliases must be an array of {alias_name, alias_label} objects with non-empty string values"
+# lineage reasons of skipped items (the merges audit table)
+SKIP_UNRESOLVABLE = "unresolvable: {side}"
+SKIP_AMBIGUOUS = "ambiguous: {side}"
+SKIP_SAME_USER = "same user"
+SKIP_IDENTIFIED = "already identified"
+SKIP_LABEL_TAKEN = "alias label taken"
+SKIP_ALIAS_EXISTS = "alias exists"
+SKIP_NO_USER = "no such user"

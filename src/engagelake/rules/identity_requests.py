@@ -1,0 +1,255 @@
+"""Validate identity request bodies and flatten them into item rows.
+
+A request carries at most 50 items, so each body is checked with plain Python as it is decoded
+(like JSON parsing); every rule that reads the store then runs over all items of a run at once.
+A request with any invalid part raises `Invalid` with its 400 message: nothing of it applies.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import orjson
+
+from engagelake.rules import formats as F
+from engagelake.rules import messages as M
+
+ALIAS_SEP = "\x1f"  # joins alias_label and alias_name into one key
+MAX_ITEMS = 50
+_EMAIL = re.compile(F.EMAIL_RE)
+_PHONE = re.compile(F.PHONE_RE)
+_SEPARATORS = re.compile(F.PHONE_SEPARATORS_RE)
+
+
+class Invalid(Exception):
+    """A request-level error: the request answers 400 with this message."""
+
+
+def _text(value: Any) -> bool:
+    return isinstance(value, str) and value != ""
+
+
+def _json(value: Any) -> str:
+    return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
+
+
+def normalize_email(value: Any) -> str | None:
+    if not isinstance(value, str):
+        return None
+    e = value.strip().lower()
+    return e if _EMAIL.match(e) and len(e) <= F.EMAIL_MAX else None
+
+
+def normalize_phone(value: Any) -> str | None:
+    if not isinstance(value, str):
+        return None
+    p = _SEPARATORS.sub("", value)
+    return (p if p.startswith("+") else "+" + p) if _PHONE.match(p) else None
+
+
+def alias_key(alias: Any) -> str | None:
+    if isinstance(alias, dict) and _text(alias.get("alias_label")) and _text(alias.get("alias_name")):
+        return f"{alias['alias_label']}{ALIAS_SEP}{alias['alias_name']}"
+    return None
+
+
+def blocked(external_id: str) -> bool:
+    return external_id.strip().lower() in M.BLOCKED_EXTERNAL_IDS
+
+
+def _items(body: Any, field: str, *, required: bool = True) -> list[Any]:
+    if not isinstance(body, dict):
+        raise Invalid(M.BODY_NOT_OBJECT)
+    items = body.get(field)
+    if items is None and not required:
+        return []
+    if not isinstance(items, list):
+        raise Invalid(M.LIST_NOT_ARRAY.format(field=field))
+    return items
+
+
+def _checked_list(body: Any, field: str) -> list[dict[str, Any]]:
+    items = _items(body, field)
+    if not items:
+        raise Invalid(M.LIST_EMPTY.format(field=field))
+    if len(items) > MAX_ITEMS:
+        raise Invalid(M.LIST_TOO_MANY.format(field=field))
+    for i, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise Invalid(M.ITEM_NOT_OBJECT.format(field=field, index=i))
+    return items
+
+
+def _prioritization(where: str, value: Any) -> list[str]:
+    if not isinstance(value, list) or not value or any(v not in M.PRIORITIZATION_VALUES for v in value):
+        raise Invalid(M.PRIORITIZATION.format(where=where))
+    if "identified" in value and "unidentified" in value:
+        raise Invalid(M.PRIORITIZATION_BOTH.format(where=where))
+    return list(value)
+
+
+def identifier(where: str, ident: Any) -> tuple[str, str, list[str] | None]:
+    """(kind, key, prioritization) of a merge identifier, or raise Invalid."""
+    kinds = [k for k in M.IDENTIFIER_FIELDS if k in ident]
+    if len(kinds) != 1:
+        raise Invalid(M.IDENTIFIER_ONE_OF.format(where=where))
+    kind = kinds[0]
+    value = ident[kind]
+    key: str | None
+    if kind in ("external_id", "service_id"):
+        key = value if _text(value) else None
+        error = M.ERR_EXTERNAL_ID if kind == "external_id" else M.ERR_SERVICE_ID
+    elif kind == "user_alias":
+        key, error = alias_key(value), M.ERR_USER_ALIAS
+    elif kind == "email":
+        key, error = normalize_email(value), M.ERR_EMAIL
+    else:
+        key, error = normalize_phone(value), M.ERR_PHONE
+    if key is None:
+        raise Invalid(M.IDENTIFIER_INVALID.format(where=where, error=error))
+    prio = _prioritization(where, ident.get("prioritization")) if kind in ("email", "phone") else None
+    return kind, key, prio
+
+
+def merge_items(body: Any) -> list[dict[str, Any]]:
+    """One row per merge update: both sides' kind, key, prioritization and JSON."""
+    rows = []
+    for i, update in enumerate(_checked_list(body, "merge_updates")):
+        src, tgt = update.get("identifier_to_merge"), update.get("identifier_to_keep")
+        if not isinstance(src, dict) or not isinstance(tgt, dict):
+            raise Invalid(M.MERGE_SIDES.format(index=i))
+        sk, skey, sprio = identifier(f"merge_updates[{i}].identifier_to_merge", src)
+        tk, tkey, tprio = identifier(f"merge_updates[{i}].identifier_to_keep", tgt)
+        rows.append({"item": i, "src_kind": sk, "src_key": skey, "src_prio": sprio, "tgt_kind": tk,
+                     "tgt_key": tkey, "tgt_prio": tprio, "source": _json(src), "target": _json(tgt)})
+    return rows
+
+
+IDENTIFY_ARRAYS = (
+    ("aliases_to_identify", "user_alias"), ("emails_to_identify", "email"), ("phone_numbers_to_identify", "phone"),
+)
+
+
+def identify_items(body: Any) -> tuple[list[dict[str, Any]], str]:
+    """(one row per element in the order aliases, emails, phones; merge_behavior)."""
+    if not isinstance(body, dict):
+        raise Invalid(M.BODY_NOT_OBJECT)
+    if all(body.get(field) is None for field, _ in IDENTIFY_ARRAYS):
+        raise Invalid(M.IDENTIFY_NO_ARRAYS)
+    lists = {field: _items(body, field, required=False) for field, _ in IDENTIFY_ARRAYS}
+    if sum(len(v) for v in lists.values()) > MAX_ITEMS:
+        raise Invalid(M.IDENTIFY_TOO_MANY)
+    behavior = body.get("merge_behavior", "none")
+    if behavior not in ("none", "merge"):
+        raise Invalid(M.IDENTIFY_MERGE_BEHAVIOR)
+    rows = []
+    for field, kind in IDENTIFY_ARRAYS:
+        for i, element in enumerate(lists[field]):
+            where = f"{field}[{i}]"
+            if not isinstance(element, dict):
+                raise Invalid(M.ITEM_NOT_OBJECT.format(field=field, index=i))
+            ext = element.get("external_id")
+            if not _text(ext):
+                raise Invalid(M.IDENTIFY_EXTERNAL_ID.format(where=where))
+            if blocked(str(ext)):
+                raise Invalid(M.IDENTIFY_BLOCKED.format(where=where))
+            _, key, prio = identifier(where, {kind: element.get(kind), **(
+                {"prioritization": element.get("prioritization")} if kind != "user_alias" else {})})
+            rows.append({"item": i, "array": field, "src_kind": kind, "src_key": key, "src_prio": prio,
+                         "external_id": ext, "source": _json({kind: element.get(kind)}),
+                         "target": _json({"external_id": ext})})
+    return rows, behavior
+
+
+def rename_items(body: Any) -> list[dict[str, Any]]:
+    """Rename rows; an item that is not a pair of strings carries its error (a per-item error)."""
+    items = _items(body, "external_id_renames")
+    if not items:
+        raise Invalid(M.LIST_EMPTY.format(field="external_id_renames"))
+    if len(items) > MAX_ITEMS:
+        raise Invalid(M.LIST_TOO_MANY.format(field="external_id_renames"))
+    rows = []
+    for i, item in enumerate(items):
+        cur = item.get("current_external_id") if isinstance(item, dict) else None
+        new = item.get("new_external_id") if isinstance(item, dict) else None
+        error = None
+        if not (_text(cur) and _text(new)):
+            error, cur, new = M.RENAME_SHAPE, None, None
+        elif cur == new:
+            error = M.RENAME_SAME
+        elif blocked(str(new)):
+            error = M.RENAME_BLOCKED
+        rows.append({"item": i, "current": cur, "new": new, "static_error": error})
+    return rows
+
+
+def remove_items(body: Any) -> list[dict[str, Any]]:
+    if not isinstance(body, dict):
+        raise Invalid(M.BODY_NOT_OBJECT)
+    items = body.get("external_ids")
+    if not isinstance(items, list):
+        raise Invalid(M.IDS_NOT_STRINGS)
+    if not items:
+        raise Invalid(M.LIST_EMPTY.format(field="external_ids"))
+    if len(items) > MAX_ITEMS:
+        raise Invalid(M.LIST_TOO_MANY.format(field="external_ids"))
+    return [{"item": i, "current": v if _text(v) else None, "static_error": None if _text(v) else M.REMOVE_SHAPE}
+            for i, v in enumerate(items)]
+
+
+def alias_new_items(body: Any) -> list[dict[str, Any]]:
+    rows = []
+    for i, item in enumerate(_checked_list(body, "user_aliases")):
+        where = f"user_aliases[{i}]"
+        key = alias_key(item)
+        if key is None:
+            raise Invalid(M.ALIAS_SHAPE.format(where=where))
+        ext = item.get("external_id")
+        if ext is not None and not _text(ext):
+            raise Invalid(M.ALIAS_EXTERNAL_ID.format(where=where))
+        rows.append({"item": i, "alias": key, "label": item["alias_label"], "external_id": ext,
+                     "source": _json({k: item[k] for k in ("alias_label", "alias_name")}),
+                     "target": _json({"external_id": ext}) if ext is not None else None})
+    return rows
+
+
+def alias_update_items(body: Any) -> list[dict[str, Any]]:
+    rows = []
+    for i, item in enumerate(_checked_list(body, "alias_updates")):
+        label, old, new = (item.get(k) for k in ("alias_label", "old_alias_name", "new_alias_name"))
+        if not (_text(label) and _text(old) and _text(new)):
+            raise Invalid(M.ALIAS_UPDATE_SHAPE.format(where=f"alias_updates[{i}]"))
+        rows.append({"item": i, "old": f"{label}{ALIAS_SEP}{old}", "new": f"{label}{ALIAS_SEP}{new}",
+                     "source": _json({"alias_label": label, "alias_name": old}),
+                     "target": _json({"alias_label": label, "alias_name": new})})
+    return rows
+
+
+DELETE_ARRAYS = ("external_ids", "user_aliases", "service_ids")
+
+
+def delete_items(body: Any) -> list[dict[str, Any]]:
+    if not isinstance(body, dict):
+        raise Invalid(M.BODY_NOT_OBJECT)
+    if all(body.get(f) is None for f in DELETE_ARRAYS):
+        raise Invalid(M.DELETE_NO_IDS)
+    rows = []
+    for field in DELETE_ARRAYS:
+        values = body.get(field)
+        if values is None:
+            continue
+        kind = {"external_ids": "external_id", "user_aliases": "user_alias", "service_ids": "service_id"}[field]
+        if field == "user_aliases":
+            keys = [alias_key(v) for v in values] if isinstance(values, list) else [None]
+            if any(k is None for k in keys):
+                raise Invalid(M.DELETE_ALIASES)
+        else:
+            if not isinstance(values, list) or not all(_text(v) for v in values):
+                raise Invalid(M.DELETE_STRINGS.format(field=field))
+            keys = list(values)
+        rows += [{"item": i, "src_kind": kind, "src_key": k, "source": _json({kind: v})}
+                 for i, (k, v) in enumerate(zip(keys, values, strict=True))]
+    if len(rows) > MAX_ITEMS:
+        raise Invalid(M.DELETE_TOO_MANY)
+    return rows
