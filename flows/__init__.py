@@ -5,6 +5,9 @@ The flows are thin: they find and read files, call `Workspace.apply` / `Workspac
 every flow is safe to re-run.
 
 - `flows.track_batch.track_batch(folder, store)`: apply each request file as one batch.
+- `flows.track_batch.merge_batch(folder, store)` / `identify_batch(folder, store)`: the same for
+  files of merge / identify requests only (a file with another endpoint is refused).
+- `flows.track_batch.compact_store(store)`: rewrite tables to their current rows, drop old files.
 - `flows.export_batch.export_batch(identifiers, out_dir, store)`: export users by external ID.
 - `flows.export_batch.export_all(out_dir, store)`: export every user of the store.
 """

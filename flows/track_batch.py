@@ -1,4 +1,5 @@
-"""Prefect flow `track_batch`: apply a folder of request files, each file as one batch.
+"""Prefect flows `track_batch`, `merge_batch`, `identify_batch`: apply a folder of request files,
+each file as one batch; and `compact_store`.
 
 Files (`*.ndjson`, `*.parquet`) are applied in sorted name order with
 `Workspace.apply(requests, idempotency_key="<file name>:<sha256 of the file>")`, and the
@@ -17,6 +18,7 @@ from prefect import flow, get_run_logger, task
 from prefect.utilities.annotations import quote
 
 from engagelake import Response, Workspace
+from engagelake.errors import ConfigError
 from engagelake.files import (
     AppliedFile,
     RequestFile,
@@ -51,22 +53,22 @@ def write_responses(batch: RequestFile, responses: list[Response], seconds: floa
     return write_responses_file(batch, responses, seconds=seconds)
 
 
-@flow(name="track_batch")
-def track_batch(
+def apply_request_files(
     folder: str,
-    store: str = "data/store",
+    store: str,
     on_file_applied: Callable[[AppliedFile], None] | None = None,
+    *,
+    only: tuple[str, ...] = (),
 ) -> list[AppliedFile]:
-    """Apply every request file of `folder` to the store, one batch per file, in name order.
-
-    `on_file_applied` is called in-process after each file (the CLI uses it for progress bars);
-    it is not stored with the flow run.
-    """
+    """The body of the batch flows: every file of `folder` as one batch, in name order. With
+    `only`, a file holding a request to another path is refused before anything applies."""
     logger = get_run_logger()
     workspace = Workspace.open(store)
     applied: list[AppliedFile] = []
     for path in find_request_files(folder):
         batch = read_requests(path)
+        if only:
+            check_paths(batch, only)
         started = time.perf_counter()
         responses = apply_batch(workspace, quote(batch))
         seconds = time.perf_counter() - started
@@ -83,6 +85,55 @@ def track_batch(
         if on_file_applied is not None:
             on_file_applied(result)
     return applied
+
+
+def check_paths(batch: RequestFile, only: tuple[str, ...]) -> None:
+    for n, request in enumerate(batch.requests):
+        path = "/" + str(request.get("path", "")).strip("/")
+        if path not in only:
+            raise ConfigError(f"{batch.path.name}: request {n} goes to {path}; this flow applies only {', '.join(only)}")
+
+
+@flow(name="track_batch")
+def track_batch(
+    folder: str,
+    store: str = "data/store",
+    on_file_applied: Callable[[AppliedFile], None] | None = None,
+) -> list[AppliedFile]:
+    """Apply every request file of `folder` to the store, one batch per file, in name order.
+    Files may interleave every endpoint (track, merge, identify, rename, delete, export, ...).
+
+    `on_file_applied` is called in-process after each file (the CLI uses it for progress bars);
+    it is not stored with the flow run.
+    """
+    return apply_request_files(folder, store, on_file_applied)
+
+
+@flow(name="merge_batch")
+def merge_batch(
+    folder: str,
+    store: str = "data/store",
+    on_file_applied: Callable[[AppliedFile], None] | None = None,
+) -> list[AppliedFile]:
+    """Apply files of `/users/merge` requests, one batch per file (safe to re-run)."""
+    return apply_request_files(folder, store, on_file_applied, only=("/users/merge",))
+
+
+@flow(name="identify_batch")
+def identify_batch(
+    folder: str,
+    store: str = "data/store",
+    on_file_applied: Callable[[AppliedFile], None] | None = None,
+) -> list[AppliedFile]:
+    """Apply files of `/users/identify` requests, one batch per file (safe to re-run)."""
+    return apply_request_files(folder, store, on_file_applied, only=("/users/identify",))
+
+
+@flow(name="compact_store")
+def compact_store(store: str = "data/store") -> dict[str, int]:
+    """Rewrite every table to its current rows and delete unreferenced files (deleted users'
+    data leaves the disk). Returns the rows kept per table."""
+    return Workspace.open(store).compact()
 
 
 if __name__ == "__main__":

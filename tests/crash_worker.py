@@ -34,7 +34,7 @@ KEY_2 = "batch-2"
 
 # Every failpoint of a batch that changes every table, in protocol order.
 # the tables BATCH_2 writes: every user table (resource tables go through the same protocol)
-WRITTEN = tuple(t for t in USER_TABLES if t not in ("redirects", "merges"))
+WRITTEN = USER_TABLES
 CRASH_POINTS = [
     "before_tables",
     *(f"after_table:{t}" for t in WRITTEN),
@@ -83,7 +83,8 @@ BATCH_1 = [
 
 # The batch the child applies: new users (by external ID and by alias), updates and deletions
 # (an incremented and a removed attribute, a group change, a push token moving between users),
-# events and purchases, then an export that sees the whole batch. It changes all eight tables.
+# events and purchases, a merge (the alias-only profile into u2), then an export that sees the
+# whole batch. It changes every user table.
 BATCH_2 = [
     _track(
         attributes=[
@@ -123,6 +124,14 @@ BATCH_2 = [
         ],
     ),
     _track(events=[{"external_id": "u1", "name": "played", "time": "2026-11-22T11:50:00Z"}]),
+    {
+        "method": "POST",
+        "path": "/users/merge",
+        "body": {"merge_updates": [{
+            "identifier_to_merge": {"user_alias": {"alias_name": "a1", "alias_label": "crm"}},
+            "identifier_to_keep": {"external_id": "u2"},
+        }]},
+    },
     {
         "method": "POST",
         "path": EXPORT,

@@ -195,7 +195,8 @@ def sql(
         str,
         typer.Argument(
             help="DuckDB SQL over the store's tables: profiles, external_ids, aliases, attributes, "
-            "events, purchases, push_tokens, subscriptions.",
+            "events, purchases, push_tokens, subscriptions, redirects, merges (lineage), and the "
+            "resource tables.",
             metavar="QUERY",
             show_default=False,
         ),
@@ -216,6 +217,49 @@ def sql(
         except duckdb.Error as error:
             _fail(f"SQL error: {str(error).splitlines()[0]}")
     _print_frame(frame, limit)
+
+
+@app.command()
+def lineage(
+    identifier: Annotated[
+        str,
+        typer.Argument(help="The identifier whose history to show (an external ID by default).",
+                       metavar="IDENTIFIER", show_default=False),
+    ],
+    kind: Annotated[
+        str,
+        typer.Option("--kind", help="What IDENTIFIER is: external_id, user_alias (as label:name), "
+                     "service_id, email or phone."),
+    ] = "external_id",
+    store: Store = DEFAULT_STORE,
+    limit: Annotated[int, typer.Option(min=1, help="Show at most this many rows.")] = 200,
+) -> None:
+    """Show a user's history: every merge, identify, rename, remove, alias change and delete that
+    touched the profiles this identifier names or named, skipped ones with their reason.
+
+    Example: engagelake lineage user-42
+    """
+    with _input_errors():
+        workspace = _open_existing(store)
+        try:
+            rows = workspace.lineage(identifier, kind=kind)
+        except ValueError as error:
+            _fail(str(error))
+    if rows.height == 0:
+        _console().print(f"no lineage for {kind} {identifier!r}")
+        return
+    _print_frame(rows.select("kind", "rule", "outcome", "reason", "source", "target", "source_sid", "target_sid"),
+                 limit)
+
+
+@app.command()
+def compact(store: Store = DEFAULT_STORE) -> None:
+    """Rewrite every table to its current rows and delete files no version needs any more
+    (after a delete, the user's data is then gone from disk). Readers must reopen afterwards."""
+    with _input_errors():
+        workspace = _open_existing(store)
+        kept = workspace.compact()
+    _console().print("compacted: " + ", ".join(f"{name} {rows:,}" for name, rows in kept.items()))
 
 
 # --- demo steps ----------------------------------------------------------------------------------

@@ -29,6 +29,7 @@ from engagelake.routing import Context, Handler, Request, Response, compile_patt
 from engagelake.rules import messages as M
 from engagelake.rules.export import export_frame, export_ids
 from engagelake.rules.identity import IDENTITY_PATHS, apply_identity
+from engagelake.rules.lineage import lineage_rows
 from engagelake.rules.parse import parse_track
 from engagelake.rules.state import Changes, State, apply_changes
 from engagelake.rules.track import apply_track
@@ -246,6 +247,18 @@ class Workspace:
             else:
                 assert callable(endpoint)
                 batch.responses[i] = endpoint(batch, routed)
+
+    def compact(self) -> dict[str, int]:
+        """Compact the store (see `DeltaStore.compact`): afterwards the files hold only current
+        rows, so a deleted user's data is gone from disk. Returns the rows kept per table."""
+        kept = self.store.compact()
+        self._state = None
+        return kept
+
+    def lineage(self, identifier: str, *, kind: str = "external_id") -> pl.DataFrame:
+        """Every lineage row of the profiles an identifier has named (now or in the past), and
+        of the profiles merged with them, in order."""
+        return lineage_rows(self.state, identifier, kind=kind)
 
     # --- resources: friendly methods over `call` ------------------------------------------------
     @property

@@ -231,3 +231,37 @@ class DeltaStore:
         self._append_ledger(batch_no, key, versions, next_profile_n, next_update_seq, self.head.seed, responses)
         _failpoint("after_ledger")
         self.head = Head(batch_no, versions, next_profile_n, next_update_seq, self.head.seed)
+
+    def compact(self) -> dict[str, int]:
+        """Rewrite every table as its current rows (newest row per key, no tombstones, history
+        moved to surviving profiles, lineage of deleted profiles redacted), commit that as a
+        batch, then delete every file the new versions do not reference. Readers pinned to older
+        versions must reopen. Returns the rows kept per table."""
+        with self._writer_lock():
+            self.head = self._read_head()
+            self._recover()
+            state = self.load()
+            gone = state["redirects"].filter(pl.col("into").is_null())["service_id"].implode()
+            tables = dict(state.tables)
+            tables["merges"] = tables["merges"].with_columns(
+                [pl.when(pl.col("source_sid").is_in(gone) | pl.col("target_sid").is_in(gone)).then(None)
+                 .otherwise(pl.col(c)).alias(c) for c in ("source", "target")])
+            batch_no = self.head.batch_no + 1
+            versions = {}
+            for name in TABLES:
+                if not DeltaTable.is_deltatable(self._path(name)):
+                    self._create_table(name)
+                # old log entries hold column statistics of old files: let cleanup drop them
+                DeltaTable(self._path(name)).alter.set_table_properties({"delta.logRetentionDuration": "interval 0 days"})
+                rows = tables[name].with_columns(_batch=pl.lit(batch_no, pl.Int64), _deleted=pl.lit(False))
+                write_deltalake(self._path(name), rows.select(list(_stored_schema(name))).to_arrow(), mode="overwrite")
+                versions[name] = DeltaTable(self._path(name)).version()
+            self._append_ledger(batch_no, None, versions, self.head.next_profile_n, self.head.next_update_seq,
+                                self.head.seed, [])
+            self.head = Head(batch_no, versions, self.head.next_profile_n, self.head.next_update_seq, self.head.seed)
+            for name in TABLES:
+                table = DeltaTable(self._path(name))
+                table.vacuum(retention_hours=0, enforce_retention_duration=False, dry_run=False)
+                table.create_checkpoint()
+                table.cleanup_metadata()
+            return {name: tables[name].height for name in TABLES}

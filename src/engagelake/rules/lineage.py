@@ -1,0 +1,52 @@
+"""Lineage: a user's history in the `merges` table (merges, identifies, renames, aliases, deletes)."""
+
+from __future__ import annotations
+
+import orjson
+import polars as pl
+
+from engagelake.rules.state import State
+
+KINDS = ("external_id", "user_alias", "service_id", "email", "phone")
+
+
+def lineage_rows(state: State, identifier: str, *, kind: str = "external_id") -> pl.DataFrame:
+    """Rows of `merges` about the profiles `identifier` names or named (as sent in any request,
+    or as the current owner), grown to every profile connected to them by a merge, in order.
+    `user_alias` identifiers are written `label:name`."""
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {', '.join(KINDS)}, not {kind!r}")
+    merges = state["merges"]
+    value: object = identifier
+    if kind == "user_alias":
+        label, _, name = identifier.partition(":")
+        value = {"alias_label": label, "alias_name": name}
+    sent = orjson.dumps({kind: value}, option=orjson.OPT_SORT_KEYS).decode()
+    # the identifier as a request named it: whole JSON, or the bare ID (rename/remove rows)
+    named = merges.filter(pl.col("source").str.starts_with(sent[:-1]) | pl.col("target").str.starts_with(sent[:-1])
+                          | (pl.col("source") == identifier) | (pl.col("target") == identifier))
+    sids = set(named["source_sid"].drop_nulls()) | set(named["target_sid"].drop_nulls())
+    sids |= set(_current_owners(state, kind, identifier))
+    edges = merges.filter(pl.col("outcome") == "applied").select("source_sid", "target_sid").drop_nulls()
+    while True:  # connected profiles: grow until nothing new (lineage graphs are small)
+        linked = edges.filter(pl.col("source_sid").is_in(list(sids)) | pl.col("target_sid").is_in(list(sids)))
+        grown = sids | set(linked["source_sid"]) | set(linked["target_sid"])
+        if grown == sids:
+            break
+        sids = grown
+    rows = merges.filter(pl.col("source_sid").is_in(list(sids)) | pl.col("target_sid").is_in(list(sids)))
+    return pl.concat([rows, named]).unique(maintain_order=True).sort("at", "seq")
+
+
+def _current_owners(state: State, kind: str, identifier: str) -> list[str]:
+    if kind == "external_id":
+        return state["external_ids"].filter(pl.col("external_id") == identifier)["service_id"].to_list()
+    if kind == "user_alias":
+        label, _, name = identifier.partition(":")
+        a = state["aliases"]
+        return a.filter((pl.col("alias_label") == label) & (pl.col("alias_name") == name))["service_id"].to_list()
+    if kind == "service_id":
+        return [identifier]
+    return state["profiles"].filter(pl.col(kind) == identifier)["service_id"].to_list()
+
+
