@@ -1,19 +1,656 @@
-"""Endpoints of this resource (not built yet)."""
+"""Email preference centers: create, update, read, render per user, and accept form submits.
+
+Pages are Liquid templates (python-liquid 2, autoescaping on) with the specification's tags.
+The `${...}` forms of those tags are rewritten into plain Liquid inside markup only; the user's
+values reach the page as template variables, so they are always HTML-escaped.
+The submit URL carries a signed, expiring token (HMAC-SHA256, key derived from the store's
+seed) that names the center and the user, so one user cannot change another's preferences.
+A valid submit runs a `/users/track` request, so the track rules (same-email propagation
+included) apply to it.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import base64
+import hashlib
+import hmac
+import re
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any, TextIO
+from urllib.parse import urlencode
 
-from engagelake.routing import Handler
+import orjson
+import polars as pl
+from liquid import BoundTemplate, Environment, escape
+from liquid.ast import Node
+from liquid.context import RenderContext
+from liquid.exceptions import LiquidError, LiquidSyntaxError, TemplateNotFoundError
+from liquid.stream import TokenStream
+from liquid.tag import Tag
+from liquid.token import TOKEN_EXPRESSION, TOKEN_TAG, Token
+
+from engagelake.errors import EngagelakeError
+from engagelake.routing import Context, Handler, Request, Response
+from engagelake.rules.state import Changes
 
 if TYPE_CHECKING:
     from engagelake.workspace import Workspace
 
-ROUTES: dict[str, dict[str, Handler]] = {}
+BASE = "/preference_center/v1"
+TOKEN_LIFETIME = timedelta(days=7)
+STATES = ("active", "draft")
+TEXT_FIELDS = ("name", "preference_center_title", "preference_center_page_html", "confirmation_page_html")
+BODY_FIELDS = (*TEXT_FIELDS, "state", "options")
+OPTION_KEYS = ("meta-viewport-content", "links-tags")
+LINK_KEYS = ("rel", "type", "sizes", "color", "href")
+LINK_RELS = ("icon", "shortcut icon", "apple-touch-icon")
+LINK_TYPES = ("image/png", "image/svg", "image/gif", "image/x-icon", "image/svg+xml", "mask-icon")
+GROUP_STATES = ("subscribed", "unsubscribed")
+GLOBAL_STATES = ("subscribed", "unsubscribed", "opted_in")
+# form field names the `form_field_name` tag writes and a submit accepts
+FIELD_GLOBAL = "email_global_state"
+FIELD_GROUP_PREFIX = "subscription_group:"
+# the key `subscribed_state` uses for the global email state (not usable as a group id)
+GLOBAL_KEY = "email_global"
+
+# --- error texts (400 unless noted) -----------------------------------------------------------
+ERR_BODY_NOT_OBJECT = "request body must be a JSON object"
+ERR_UNKNOWN_FIELD = "unknown field '{field}': allowed fields are " + ", ".join(BODY_FIELDS)
+ERR_MISSING_FIELD = "missing {field}: required when creating a preference center"
+ERR_TEXT_FIELD = "invalid {field}: expected a non-empty string"
+ERR_STATE = "invalid state: expected active or draft"
+ERR_OPTIONS = "invalid options: expected an object with meta-viewport-content and/or links-tags"
+ERR_OPTION_KEY = "invalid options: unknown key '{key}'; allowed keys are " + ", ".join(OPTION_KEYS)
+ERR_VIEWPORT = "invalid options.meta-viewport-content: expected a string"
+ERR_LINKS = "invalid options.links-tags: expected an array of objects"
+ERR_LINK = "invalid options.links-tags[{i}]: expected an object"
+ERR_LINK_KEY = "invalid options.links-tags[{i}]: unknown key '{key}'; allowed keys are " + ", ".join(LINK_KEYS)
+ERR_LINK_REL = "invalid options.links-tags[{i}].rel: required, one of " + ", ".join(LINK_RELS)
+ERR_LINK_TYPE = "invalid options.links-tags[{i}].type: expected one of " + ", ".join(LINK_TYPES)
+ERR_LINK_TEXT = "invalid options.links-tags[{i}].{key}: expected a string"
+ERR_LINK_HREF = "invalid options.links-tags[{i}].href: required, a non-empty string"
+ERR_TEMPLATE = "invalid {field}: {error} (line {line})"
+ERR_PARTIAL = "include and render are not supported: a page cannot load template '{name}'"
+ERR_NAME_TAKEN = "name '{name}' is already used by preference center {center_id}; names are unique per workspace"
+ERR_NOT_FOUND = "no preference center with id '{center_id}'"  # 404
+ERR_USER_QUERY = "give exactly one of the query parameters external_id or service_id"
+ERR_USER_NOT_FOUND = "no user with {kind} '{value}'"  # 404
+ERR_RENDER = "the page of preference center {center_id} cannot be rendered: {error}"  # 422
+ERR_TOKEN = "invalid token: use the submit URL of a freshly rendered page"  # 403
+ERR_TOKEN_CENTER = "token belongs to another preference center"  # 403
+ERR_TOKEN_EXPIRED = "token expired at {expires}: render the page again for a new submit URL"  # 403
+ERR_TOKEN_USER_GONE = "the user this token was issued for no longer exists"  # 404
+ERR_DRAFT = "preference center {center_id} is a draft: set its state to active to accept submits"  # 409
+ERR_FORM_NOT_OBJECT = "form fields must be a JSON object of field name to value"
+ERR_FORM_FIELD = "unknown form field '{field}': this page declares {declared}"
+ERR_FORM_GROUP_VALUE = "invalid value for form field '{field}': expected subscribed or unsubscribed"
+ERR_FORM_GLOBAL_VALUE = "invalid value for form field '{field}': expected subscribed, unsubscribed or opted_in"
+ERR_FORM_TAG = "form_field_name expects ':subscription_group <subscription_group_api_id>' or ':email_global_state'"
+ERR_TRACK = "the submit could not be applied: {errors}"  # 400
+
+
+class PreferenceCenterError(EngagelakeError):
+    """A preference center request answered with an error: its API status and body."""
+
+    def __init__(self, status: int, body: Any):
+        super().__init__(f"{status}: {body}")
+        self.status = status
+        self.body = body
+
+
+class _Refused(Exception):
+    """Ends a handler early with an error response `{"message": ...}`."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.response = Response(status, {"message": message})
+
+
+def answering(handler: Callable[[Context, Request], Response]) -> Handler:
+    """A handler whose `_Refused` errors become their responses."""
+
+    def run(ctx: Context, req: Request) -> Response:
+        try:
+            return handler(ctx, req)
+        except _Refused as refused:
+            return refused.response
+
+    return run
+
+
+# --- templates --------------------------------------------------------------------------------
+class FormFieldNode(Node):
+    """Writes the form field name of a subscription group or of the global email state."""
+
+    __slots__ = ("field",)
+
+    def __init__(self, token: Token, field: str):
+        super().__init__(token)
+        self.field = field
+        self.blank = False
+
+    def __str__(self) -> str:
+        return f"{{% form_field_name {self.field} %}}"
+
+    def render_to_output(self, context: RenderContext, buffer: TextIO) -> int:
+        return buffer.write(str(escape(self.field)))
+
+
+class FormFieldTag(Tag):
+    """`{% form_field_name :subscription_group <id> %}` and `{% form_field_name :email_global_state %}`."""
+
+    name = "form_field_name"
+    block = False
+
+    def parse(self, stream: TokenStream) -> FormFieldNode:
+        token = stream.eat(TOKEN_TAG)
+        words = stream.current.value.split() if stream.current.kind == TOKEN_EXPRESSION else []
+        if words == [":email_global_state"]:
+            return FormFieldNode(token, FIELD_GLOBAL)
+        if len(words) == 2 and words[0] == ":subscription_group" and words[1] != GLOBAL_KEY:
+            return FormFieldNode(token, FIELD_GROUP_PREFIX + words[1])
+        raise LiquidSyntaxError(ERR_FORM_TAG, token=token)
+
+
+class GroupStates(dict[str, str]):
+    """`subscribed_state`: a group the user has no state for reads as unsubscribed."""
+
+    def __missing__(self, key: str) -> str:
+        return "unsubscribed"
+
+
+ENV = Environment(autoescape=True)
+ENV.add_tag(FormFieldTag)
+
+# `{{ ... }}` (which may hold `${...}`) or `{% ... %}` (which may hold a nested `{{ ... }}`)
+MARKUP_RE = re.compile(r"\{\{(?:[^{}]|\$\{[^{}]*\})*\}\}|\{%.*?%\}", re.DOTALL)
+DOLLAR_KEY_RE = re.compile(r"\.\$\{([^{}\"\\\s]+)\}")  # subscribed_state.${<id>} -> ["<id>"]
+DOLLAR_NAME_RE = re.compile(r"\$\{(\w+)\}")  # ${email_address} -> email_address
+NESTED_OUTPUT_RE = re.compile(r"\{\{-?\s*(.*?)\s*-?\}\}", re.DOTALL)
+
+
+def rewrite_markup(match: re.Match[str]) -> str:
+    """One markup span with its `${...}` references in plain Liquid; inside a tag, a nested
+    output (`{% if {{subscribed_state.${g}}} == "subscribed" %}`) becomes its expression."""
+    text = DOLLAR_NAME_RE.sub(r"\1", DOLLAR_KEY_RE.sub(r'["\1"]', match.group()))
+    if text.startswith("{%"):
+        text = NESTED_OUTPUT_RE.sub(r"\1", text)
+    return text
+
+
+def to_liquid(source: str) -> str:
+    """Page HTML with the specification's `${...}` tag forms rewritten inside markup only
+    (page text such as a script's `${x}` is left alone)."""
+    return MARKUP_RE.sub(rewrite_markup, source)
+
+
+@lru_cache(maxsize=256)
+def parse_template(source: str) -> BoundTemplate:
+    """The parsed template of a page (raises LiquidError)."""
+    return ENV.from_string(to_liquid(source))
+
+
+def declared_fields(source: str) -> list[str]:
+    """The form field names a page's `form_field_name` tags write, in page order."""
+    template = parse_template(source)
+    context = RenderContext(template)
+    found: list[str] = []
+
+    def visit(node: Node) -> None:
+        if isinstance(node, FormFieldNode) and node.field not in found:
+            found.append(node.field)
+        for child in node.children(context, include_partials=False):
+            visit(child)
+
+    for node in template.nodes:
+        visit(node)
+    return found
+
+
+def describe_error(err: LiquidError) -> tuple[str, int]:
+    """The short message and the line of a Liquid error."""
+    line = 1
+    if err.token is not None and err.token.start_index >= 0:
+        line = err.token.source.count("\n", 0, err.token.start_index) + 1
+    message = str(err.args[0]) if err.args else type(err).__name__
+    if isinstance(err, TemplateNotFoundError):
+        message = ERR_PARTIAL.format(name=message)
+    return message, line
+
+
+def check_template(field: str, source: str) -> None:
+    """Parse a page and render it once for a user without data, so that syntax errors and
+    unknown filters are refused when the center is saved rather than when a user opens it."""
+    try:
+        parse_template(source).render(**user_variables(None, {}, "#"))
+    except LiquidError as err:
+        message, line = describe_error(err)
+        raise _Refused(400, ERR_TEMPLATE.format(field=field, error=message, line=line)) from None
+
+
+def user_variables(profile: dict[str, Any] | None, groups: dict[str, str], submit_url: str) -> dict[str, Any]:
+    """The template variables of one user; autoescaping escapes each of them on output."""
+    states = GroupStates(groups)
+    email_state = (profile or {}).get("email_subscribe")
+    states[GLOBAL_KEY] = email_state if email_state in ("unsubscribed", "opted_in") else "subscribed"
+    return {
+        "subscribed_state": states,
+        "email_address": (profile or {}).get("email") or "",
+        "preference_center_submit_url": submit_url,
+    }
+
+
+def add_head(html: str, center: dict[str, Any]) -> str:
+    """The page with its metadata (title, viewport meta, link tags) after the opening `<head>`,
+    or before the page when it has no head. A page that has its own `<title>` keeps it."""
+    parts = []
+    if not re.search(r"<title[\s>]", html, re.IGNORECASE):
+        parts.append(f"<title>{escape(center['title'])}</title>")
+    options = orjson.loads(center["options"]) if center["options"] else {}
+    if "meta-viewport-content" in options:
+        parts.append(f'<meta name="viewport" content="{escape(options["meta-viewport-content"])}">')
+    for link in options.get("links-tags", []):
+        attrs = "".join(f' {key}="{escape(link[key])}"' for key in LINK_KEYS if key in link)
+        parts.append(f"<link{attrs}>")
+    head = "".join(parts)
+    match = re.search(r"<head\b[^>]*>", html, re.IGNORECASE)
+    if match is None:
+        return head + html
+    return html[: match.end()] + head + html[match.end():]
+
+
+def render_html(center: dict[str, Any], source: str, variables: dict[str, Any]) -> str:
+    """One page of a center rendered with a user's variables (422 if the template fails)."""
+    try:
+        html = parse_template(source).render(**variables)
+    except LiquidError as err:
+        message, _ = describe_error(err)
+        raise _Refused(422, ERR_RENDER.format(center_id=center["center_id"], error=message)) from None
+    return add_head(html, center)
+
+
+# --- tokens -----------------------------------------------------------------------------------
+def token_key(seed: str) -> bytes:
+    """The signing key of submit tokens, derived from the store's secret seed."""
+    return hmac.new(seed.encode(), b"engagelake preference center submit token", hashlib.sha256).digest()
+
+
+def b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def unb64(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+def sign_token(seed: str, center_id: str, service_id: str, expires: datetime) -> str:
+    """`<payload>.<signature>`, both base64url; payload = center id, service_id, expiry (unix s)."""
+    payload = f"{center_id}|{service_id}|{int(expires.timestamp())}".encode()
+    return b64(payload) + "." + b64(hmac.new(token_key(seed), payload, hashlib.sha256).digest())
+
+
+def read_token(seed: str, token: Any, center_id: str, now: datetime) -> tuple[str, datetime]:
+    """(service_id, expiry) of a valid token for this center, or 403."""
+    if not isinstance(token, str) or token.count(".") != 1:
+        raise _Refused(403, ERR_TOKEN)
+    payload_text, signature_text = token.split(".")
+    try:
+        payload, signature = unb64(payload_text), unb64(signature_text)
+    except ValueError:  # binascii.Error: not base64
+        raise _Refused(403, ERR_TOKEN) from None
+    expected = hmac.new(token_key(seed), payload, hashlib.sha256).digest()
+    if not hmac.compare_digest(signature, expected):
+        raise _Refused(403, ERR_TOKEN)
+    token_center, service_id, expires_text = payload.decode().split("|")  # we signed this shape
+    if token_center != center_id:
+        raise _Refused(403, ERR_TOKEN_CENTER)
+    expires = datetime.fromtimestamp(int(expires_text), UTC)
+    if now >= expires:
+        raise _Refused(403, ERR_TOKEN_EXPIRED.format(expires=format_time(expires)))
+    return service_id, expires
+
+
+def submit_url(ctx: Context, center_id: str, service_id: str) -> str:
+    token = sign_token(ctx.seed, center_id, service_id, ctx.clock + TOKEN_LIFETIME)
+    return f"{BASE}/{center_id}/submit?" + urlencode({"token": token})
+
+
+# --- validation -------------------------------------------------------------------------------
+def check_body(body: Any, *, creating: bool) -> dict[str, Any]:
+    """The fields of a create or update body, validated (400 naming the first problem)."""
+    if not isinstance(body, dict):
+        raise _Refused(400, ERR_BODY_NOT_OBJECT)
+    for field in body:
+        if field not in BODY_FIELDS:
+            raise _Refused(400, ERR_UNKNOWN_FIELD.format(field=field))
+    for field in TEXT_FIELDS:
+        if field not in body:
+            if creating:
+                raise _Refused(400, ERR_MISSING_FIELD.format(field=field))
+            continue
+        value = body[field]
+        if not isinstance(value, str) or not value.strip():
+            raise _Refused(400, ERR_TEXT_FIELD.format(field=field))
+    if "state" in body and body["state"] not in STATES:
+        raise _Refused(400, ERR_STATE)
+    if "options" in body:
+        check_options(body["options"])
+    for field in ("preference_center_page_html", "confirmation_page_html"):
+        if field in body:
+            check_template(field, body[field])
+    return body
+
+
+def check_options(options: Any) -> None:
+    if not isinstance(options, dict):
+        raise _Refused(400, ERR_OPTIONS)
+    for key in options:
+        if key not in OPTION_KEYS:
+            raise _Refused(400, ERR_OPTION_KEY.format(key=key))
+    if "meta-viewport-content" in options and not isinstance(options["meta-viewport-content"], str):
+        raise _Refused(400, ERR_VIEWPORT)
+    links = options.get("links-tags", [])
+    if not isinstance(links, list):
+        raise _Refused(400, ERR_LINKS)
+    for i, link in enumerate(links):
+        check_link(i, link)
+
+
+def check_link(i: int, link: Any) -> None:
+    if not isinstance(link, dict):
+        raise _Refused(400, ERR_LINK.format(i=i))
+    for key in link:
+        if key not in LINK_KEYS:
+            raise _Refused(400, ERR_LINK_KEY.format(i=i, key=key))
+    if link.get("rel") not in LINK_RELS:
+        raise _Refused(400, ERR_LINK_REL.format(i=i))
+    if "type" in link and link["type"] not in LINK_TYPES:
+        raise _Refused(400, ERR_LINK_TYPE.format(i=i))
+    for key in ("sizes", "color"):
+        if key in link and not isinstance(link[key], str):
+            raise _Refused(400, ERR_LINK_TEXT.format(i=i, key=key))
+    href = link.get("href")
+    if not isinstance(href, str) or not href.strip():
+        raise _Refused(400, ERR_LINK_HREF.format(i=i))
+
+
+def check_form(fields: Any, declared: list[str]) -> tuple[str | None, list[dict[str, str]]]:
+    """(new global email state or None, subscription group updates) of a submitted form; only
+    the fields the page declares are accepted."""
+    if not isinstance(fields, dict):
+        raise _Refused(400, ERR_FORM_NOT_OBJECT)
+    global_state, groups = None, []
+    for field, value in fields.items():
+        if field not in declared:
+            shown = ", ".join(declared) or "no form fields"
+            raise _Refused(400, ERR_FORM_FIELD.format(field=field, declared=shown))
+        if field == FIELD_GLOBAL:
+            if value not in GLOBAL_STATES:
+                raise _Refused(400, ERR_FORM_GLOBAL_VALUE.format(field=field))
+            global_state = value
+            continue
+        if value not in GROUP_STATES:
+            raise _Refused(400, ERR_FORM_GROUP_VALUE.format(field=field))
+        group_id = field.removeprefix(FIELD_GROUP_PREFIX)
+        groups.append({"subscription_group_id": group_id, "subscription_state": value})
+    return global_state, groups
+
+
+# --- reading the state ------------------------------------------------------------------------
+def format_time(moment: datetime) -> str:
+    """ISO 8601 UTC with milliseconds, as the export writes timestamps."""
+    moment = moment.astimezone(UTC)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+
+
+def find_center(ctx: Context, center_id: str) -> dict[str, Any]:
+    centers = ctx.state["preference_centers"]
+    rows = centers.filter(pl.col("center_id") == center_id).to_dicts()
+    if not rows:
+        raise _Refused(404, ERR_NOT_FOUND.format(center_id=center_id))
+    return rows[0]
+
+
+def check_name_free(ctx: Context, name: str, center_id: str | None) -> None:
+    centers = ctx.state["preference_centers"]
+    taken = centers.filter((pl.col("name") == name) & (pl.col("center_id") != (center_id or "")))
+    if taken.height:
+        raise _Refused(400, ERR_NAME_TAKEN.format(name=name, center_id=taken["center_id"][0]))
+
+
+def new_center_id(ctx: Context, name: str) -> str:
+    """A UUID from the seed and the name; a renamed center may leave its name free for a new
+    one, so a taken ID is followed by the same hash with a counter."""
+    taken = set(ctx.state["preference_centers"]["center_id"].to_list())
+    n = 0
+    while True:
+        suffix = f":{n}" if n else ""
+        digest = hashlib.sha256(f"{ctx.seed}:preference_center:{name}{suffix}".encode()).digest()
+        center_id = str(uuid.UUID(bytes=digest[:16], version=4))
+        if center_id not in taken:
+            return center_id
+        n += 1
+
+
+def find_profile(ctx: Context, service_id: str) -> dict[str, Any] | None:
+    rows = ctx.state.rows_where("profiles", "service_id", [service_id]).to_dicts()
+    return rows[0] if rows else None
+
+
+def user_of_query(ctx: Context, query: dict[str, Any]) -> dict[str, Any]:
+    """The profile named by `external_id` (current or deprecated) or `service_id` (404 if none)."""
+    given = [k for k in ("external_id", "service_id") if k in query]
+    if len(given) != 1 or not isinstance(query[given[0]], str):
+        raise _Refused(400, ERR_USER_QUERY)
+    kind, value = given[0], query[given[0]]
+    service_id: str | None = value
+    if kind == "external_id":
+        ids = ctx.state.rows_where("external_ids", "external_id", [value])
+        service_id = ids["service_id"][0] if ids.height else None
+    profile = find_profile(ctx, service_id) if service_id else None
+    if profile is None:
+        raise _Refused(404, ERR_USER_NOT_FOUND.format(kind=kind, value=value))
+    return profile
+
+
+def group_states(ctx: Context, service_id: str) -> dict[str, str]:
+    rows = ctx.state.rows_where("subscriptions", "service_id", [service_id])
+    return dict(rows.select("group_id", "state").rows())
+
+
+def render_for(ctx: Context, center: dict[str, Any], source: str, profile: dict[str, Any]) -> str:
+    service_id = profile["service_id"]
+    url = submit_url(ctx, center["center_id"], service_id)
+    return render_html(center, source, user_variables(profile, group_states(ctx, service_id), url))
+
+
+# --- handlers ---------------------------------------------------------------------------------
+def center_row(center: dict[str, Any], body: dict[str, Any], now: datetime) -> pl.DataFrame:
+    """The stored row of a center after applying a (validated) body."""
+    row = dict(center)
+    renames = {"preference_center_title": "title", "preference_center_page_html": "page_html",
+               "confirmation_page_html": "confirmation_html"}
+    for field, value in body.items():
+        if field == "options":
+            row["options"] = orjson.dumps(value).decode()
+        else:
+            row[renames.get(field, field)] = value
+    row["updated_at"] = now
+    return pl.DataFrame([row])
+
+
+@answering
+def create_center(ctx: Context, req: Request) -> Response:
+    body = check_body(req.body, creating=True)
+    check_name_free(ctx, body["name"], None)
+    center_id = new_center_id(ctx, body["name"])
+    start = {"center_id": center_id, "state": "active", "options": None, "created_at": ctx.clock,
+             "created_seq": ctx.state["preference_centers"].height}
+    changes = Changes()
+    changes.upsert("preference_centers", center_row(start, body, ctx.clock))
+    ctx.write(changes)
+    return Response(200, {
+        "preference_center_api_id": center_id,
+        "liquid_tag": "{{preference_center.${" + body["name"] + "}}}",
+        "created_at": format_time(ctx.clock),
+        "message": "success",
+    })
+
+
+@answering
+def update_center(ctx: Context, req: Request) -> Response:
+    center = find_center(ctx, req.params["preferenceCenterExternalID"])
+    body = check_body(req.body, creating=False)
+    if "name" in body:
+        check_name_free(ctx, body["name"], center["center_id"])
+    changes = Changes()
+    changes.upsert("preference_centers", center_row(center, body, ctx.clock))
+    ctx.write(changes)
+    return Response(200, {
+        "preference_center_api_id": center["center_id"],
+        "created_at": format_time(center["created_at"]),
+        "updated_at": format_time(ctx.clock),
+        "message": "success",
+    })
+
+
+def public_center(center: dict[str, Any]) -> dict[str, Any]:
+    out = {
+        "name": center["name"],
+        "preference_center_api_id": center["center_id"],
+        "created_at": format_time(center["created_at"]),
+        "updated_at": format_time(center["updated_at"]),
+        "preference_center_title": center["title"],
+        "preference_center_page_html": center["page_html"],
+        "confirmation_page_html": center["confirmation_html"],
+        "state": center["state"],
+    }
+    if center["options"] is not None:
+        out["options"] = orjson.loads(center["options"])
+    return out
+
+
+@answering
+def get_center(ctx: Context, req: Request) -> Response:
+    return Response(200, public_center(find_center(ctx, req.params["preferenceCenterExternalID"])))
+
+
+@answering
+def list_centers(ctx: Context, req: Request) -> Response:
+    centers = ctx.state["preference_centers"].sort("created_seq").to_dicts()
+    listed = [{key: public_center(c)[key] for key in
+               ("name", "preference_center_api_id", "created_at", "updated_at", "state")} for c in centers]
+    return Response(200, {"preference_centers": listed, "message": "success"})
+
+
+@answering
+def render_page(ctx: Context, req: Request) -> Response:
+    center = find_center(ctx, req.params["preferenceCenterExternalID"])
+    profile = user_of_query(ctx, req.query)
+    return Response(200, render_for(ctx, center, center["page_html"], profile))
+
+
+@answering
+def submit_form(ctx: Context, req: Request) -> Response:
+    center = find_center(ctx, req.params["preferenceCenterExternalID"])
+    service_id, expires = read_token(ctx.seed, req.query.get("token"), center["center_id"], ctx.clock)
+    profile = find_profile(ctx, service_id)
+    if profile is None:
+        raise _Refused(404, ERR_TOKEN_USER_GONE)
+    if center["state"] != "active":
+        raise _Refused(409, ERR_DRAFT.format(center_id=center["center_id"]))
+    global_state, groups = check_form(req.body, declared_fields(center["page_html"]))
+    if global_state is not None or groups:
+        apply_form(ctx, profile, global_state, groups)
+        log_submit(ctx, center["center_id"], service_id, req.body, expires)
+        profile = find_profile(ctx, service_id) or profile
+    return Response(200, render_for(ctx, center, center["confirmation_html"], profile))
+
+
+def apply_form(ctx: Context, profile: dict[str, Any], global_state: str | None,
+               groups: list[dict[str, str]]) -> None:
+    """The new states through `/users/track`: by external_id when the user has one, so the
+    same-email propagation of the track rules applies; by service_id otherwise."""
+    who = ({"external_id": profile["external_id"]} if profile["external_id"]
+           else {"service_id": profile["service_id"]})
+    update: dict[str, Any] = dict(who)
+    if global_state is not None:
+        update["email_subscribe"] = global_state
+    if groups:
+        update["subscription_groups"] = groups
+    answer = ctx.track({"attributes": [update]})
+    if answer.status != 201 or answer.body.get("errors"):
+        raise _Refused(400, ERR_TRACK.format(errors=answer.body.get("errors") or answer.body))
+
+
+def log_submit(ctx: Context, center_id: str, service_id: str, fields: dict[str, Any],
+               expires: datetime) -> None:
+    changes = Changes()
+    changes.upsert("preference_center_submits", pl.DataFrame([{
+        "center_id": center_id, "service_id": service_id, "fields": orjson.dumps(fields).decode(),
+        "token_expires_at": expires, "at": ctx.clock,
+    }]))
+    ctx.write(changes)
+
+
+# `list` before `{preferenceCenterExternalID}`: the dispatch takes the first matching pattern
+ROUTES: dict[str, dict[str, Handler]] = {
+    BASE: {"POST": create_center},
+    f"{BASE}/list": {"GET": list_centers},
+    f"{BASE}/{{preferenceCenterExternalID}}": {"GET": get_center, "PUT": update_center},
+    f"{BASE}/{{preferenceCenterExternalID}}/page": {"GET": render_page},
+    f"{BASE}/{{preferenceCenterExternalID}}/submit": {"POST": submit_form},
+}
 
 
 class PreferenceCenters:
-    """Friendly methods over `Workspace.call` for this resource (`ws.preference_centers`)."""
+    """Friendly methods over `Workspace.call` (`ws.preference_centers`): each returns the
+    response body on success and raises `PreferenceCenterError` (status, body) otherwise."""
 
     def __init__(self, ws: Workspace):
         self.ws = ws
+
+    def _call(self, method: str, path: str, body: Any = None, query: dict[str, Any] | None = None) -> Any:
+        response = self.ws.call(method, path, body, query)
+        if response.status != 200:
+            raise PreferenceCenterError(response.status, response.body)
+        return response.body
+
+    def create(self, name: str, title: str, page_html: str, confirmation_html: str, *,
+               state: str = "active", options: dict[str, Any] | None = None) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "name": name, "preference_center_title": title, "preference_center_page_html": page_html,
+            "confirmation_page_html": confirmation_html, "state": state,
+        }
+        if options is not None:
+            body["options"] = options
+        result: dict[str, Any] = self._call("POST", BASE, body)
+        return result
+
+    def update(self, center_id: str, **fields: Any) -> dict[str, Any]:
+        """PUT with the given body fields (`name=`, `preference_center_title=`, `state=`, ...)."""
+        result: dict[str, Any] = self._call("PUT", f"{BASE}/{center_id}", fields)
+        return result
+
+    def get(self, center_id: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("GET", f"{BASE}/{center_id}")
+        return result
+
+    def list_all(self) -> list[dict[str, Any]]:
+        result: list[dict[str, Any]] = self._call("GET", f"{BASE}/list")["preference_centers"]
+        return result
+
+    def render(self, center_id: str, user: str) -> str:
+        """The page of a center for a user given by external_id (tried first) or service_id."""
+        known = self.ws.table("external_ids").filter(pl.col("external_id") == user).height
+        query = {"external_id": user} if known else {"service_id": user}
+        page: str = self._call("GET", f"{BASE}/{center_id}/page", query=query)
+        return page
+
+    def submit(self, url: str, fields: dict[str, str]) -> str:
+        """POST a form to a rendered page's submit URL; the confirmation page."""
+        page: str = self._call("POST", url, fields)
+        return page
