@@ -92,6 +92,10 @@ def apply_identity(state: State, kind: str, pending: list[tuple[int, str]], *, c
     base = state.next_update_seq
     items = pl.DataFrame(rows, infer_schema_length=None).with_row_index("j").with_columns(
         pl.col("j").cast(pl.Int64), (pl.col("j").cast(pl.Int64) + base).alias("seq"))
+    # columns that may be all-null in a run still need their types for the joins
+    items = items.with_columns(
+        [pl.col(c).cast(pl.List(pl.String) if c.endswith("_prio") else pl.String)
+         for c in items.columns if items.schema[c] == pl.Null])
     out.next_update_seq = base + items.height
     run = Run(state, clock, seed, batch, kind)
     handlers: dict[str, Callable[[Run, pl.DataFrame, list[int], IdentityOutcome], None]] = {
