@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from bench_track import RssSampler, build_store, console, ext_ids, max_rss, mib
 
+from bench_track import RssSampler, build_store, console, ext_ids, max_rss, mib
 from engagelake import Workspace
 
 TARGET_MERGE_S = 5.0
