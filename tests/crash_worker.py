@@ -187,7 +187,8 @@ def tables_ahead(store: str | Path) -> set[str]:
 
 
 def run_worker(store: str | Path, point: str) -> subprocess.CompletedProcess[str]:
-    """Run this file in a child process that applies BATCH_2 to `store` and dies at `point`."""
+    """Run this file in a child process that applies BATCH_2 to `store` (or compacts it, for a
+    `compact:<table>` point) and dies at `point`."""
     src = str(Path(__file__).resolve().parents[1] / "src")  # the checkout's source, as pytest uses
     env = {
         **os.environ,
@@ -207,7 +208,10 @@ def main(argv: list[str]) -> int:
     store, point = argv[1], argv[2]
     if os.environ.get(CRASH_ENV) != point:
         return 3
-    open_store(store).apply(BATCH_2, idempotency_key=KEY_2)
+    if point.startswith("compact:"):
+        open_store(store).compact()
+    else:
+        open_store(store).apply(BATCH_2, idempotency_key=KEY_2)
     return 0
 
 

@@ -1,10 +1,17 @@
-"""In-memory reference model of `/users/track` and `/users/export/ids`.
+"""In-memory reference model of the user endpoints: track, export and the identity endpoints.
 
 This is the oracle the property tests run beside the vectorized engine. It is deliberately plain:
 profiles are dicts in a list, every object is processed one at a time, in the documented order
-(each request in turn; inside a request all attributes, then events, then purchases). Every rule
-comes from `../shared/spec`, `../shared/SEMANTICS.md` (sections 1-4, export rows of section 6)
-and `docs/semantics.md`; error texts are imported from `engagelake.rules.messages`.
+(each request in turn; inside a track request all attributes, then events, then purchases; inside
+an identity request every item in array order). Every rule comes from `../shared/spec`,
+`../shared/SEMANTICS.md` (sections 1-6), `docs/semantics.md` and `docs/identity.md`; error texts
+are imported from `engagelake.rules.messages`.
+
+Identity endpoints: `/users/merge`, `/users/identify`, `/users/external_ids/rename`,
+`/users/external_ids/remove`, `/users/alias/new`, `/users/alias/update`, `/users/delete`. Each
+item of an identity request takes the next update sequence number, applied or skipped. A merged,
+identified-away or deleted profile leaves `self.profiles` (and with it every identifier, attribute,
+event, purchase and token it still held). The lineage (`merges`) table is not modelled.
 
 Choices made where the documents are silent are marked `DECISION:` in the code.
 """
@@ -25,7 +32,40 @@ from engagelake.rules.reference import COUNTRY_CODES, LANGUAGE_CODES
 
 TRACK_PATH = "/users/track"
 EXPORT_PATH = "/users/export/ids"
-ENDPOINTS = {TRACK_PATH: ("POST",), EXPORT_PATH: ("POST",)}
+MERGE_PATH = "/users/merge"
+IDENTIFY_PATH = "/users/identify"
+RENAME_PATH = "/users/external_ids/rename"
+REMOVE_PATH = "/users/external_ids/remove"
+ALIAS_NEW_PATH = "/users/alias/new"
+ALIAS_UPDATE_PATH = "/users/alias/update"
+DELETE_PATH = "/users/delete"
+IDENTITY_PATHS = (
+    MERGE_PATH,
+    IDENTIFY_PATH,
+    RENAME_PATH,
+    REMOVE_PATH,
+    ALIAS_NEW_PATH,
+    ALIAS_UPDATE_PATH,
+    DELETE_PATH,
+)
+ENDPOINTS = {path: ("POST",) for path in (TRACK_PATH, EXPORT_PATH, *IDENTITY_PATHS)}
+
+MAX_IDENTITY_ITEMS = 50
+# Profile fields a merge copies where the target has none (docs/identity.md, merge).
+MERGE_FIELDS = (
+    "first_name",
+    "last_name",
+    "email",
+    "gender",
+    "dob",
+    "phone",
+    "time_zone",
+    "home_city",
+    "country",
+    "language",
+)
+# Identify with merge_behavior "merge": the same list without email.
+IDENTIFY_MERGE_FIELDS = tuple(f for f in MERGE_FIELDS if f != "email")
 
 MAX_OBJECTS = 75
 MAX_ARRAY = 500
@@ -424,19 +464,110 @@ def static_error(array: str, obj: dict) -> tuple[str | None, str | None, Any]:
 
 
 # --------------------------------------------------------------------------------------------
+# identity request checks
+# --------------------------------------------------------------------------------------------
+
+IDENTIFY_ARRAYS = {
+    "aliases_to_identify": "user_alias",
+    "emails_to_identify": "email",
+    "phone_numbers_to_identify": "phone",
+}
+DELETE_KEYS = {
+    "external_ids": "external_id",
+    "user_aliases": "user_alias",
+    "service_ids": "service_id",
+}
+
+
+def _non_empty_string(v: Any) -> bool:
+    return isinstance(v, str) and v != ""
+
+
+def _valid_alias(v: Any) -> bool:
+    return (
+        isinstance(v, dict)
+        and _non_empty_string(v.get("alias_name"))
+        and _non_empty_string(v.get("alias_label"))
+    )
+
+
+def _blocked(ext: str) -> bool:
+    return ext.strip().lower() in m.BLOCKED_EXTERNAL_IDS
+
+
+def _recency(p: dict) -> tuple:
+    """ "Most recently updated" order: updated_at, then update sequence, then creation."""
+    return (p["updated_at"], p["update_seq"], p["n"])
+
+
+def identifier_value(kind: str, v: Any) -> tuple[Any, str | None]:
+    """(normalized value, None) or (None, track's error text) for one identifier kind."""
+    if kind == "external_id":
+        return (v, None) if _non_empty_string(v) else (None, m.ERR_EXTERNAL_ID)
+    if kind == "service_id":
+        return (v, None) if _non_empty_string(v) else (None, m.ERR_SERVICE_ID)
+    if kind == "user_alias":
+        if _valid_alias(v):
+            return (v["alias_name"], v["alias_label"]), None
+        return None, m.ERR_USER_ALIAS
+    if kind == "email":
+        e = normalize_email(v)
+        return (e, None) if e is not None else (None, m.ERR_EMAIL)
+    ph = normalize_phone(v)
+    return (ph, None) if ph is not None else (None, m.ERR_PHONE)
+
+
+def prioritization_error(rules: Any, where: str) -> str | None:
+    if (
+        not isinstance(rules, list)
+        or not rules
+        or not all(isinstance(r, str) and r in m.PRIORITIZATION_VALUES for r in rules)
+    ):
+        return m.PRIORITIZATION.format(where=where)
+    if "identified" in rules and "unidentified" in rules:
+        return m.PRIORITIZATION_BOTH.format(where=where)
+    return None
+
+
+def parse_identifier(side: dict, where: str) -> tuple[str | None, Any]:
+    """(error, None) or (None, (kind, normalized value, prioritization or None)) of a merge side.
+
+    Exactly one identifier kind; `prioritization` is required beside email/phone and ignored
+    beside the others. DECISION: a key counts as given whatever it holds (null too: unlike
+    track, the contract says "exactly one of"); the value is checked before the prioritization.
+    """
+    present = [k for k in m.IDENTIFIER_FIELDS if k in side]
+    if len(present) != 1:
+        return m.IDENTIFIER_ONE_OF.format(where=where), None
+    kind = present[0]
+    value, err = identifier_value(kind, side[kind])
+    if err:
+        return m.IDENTIFIER_INVALID.format(where=where, error=err), None
+    rules = None
+    if kind in ("email", "phone"):
+        if err := prioritization_error(side.get("prioritization"), where):
+            return err, None
+        rules = list(side["prioritization"])
+    return None, (kind, value, rules)
+
+
+# --------------------------------------------------------------------------------------------
 # the model
 # --------------------------------------------------------------------------------------------
 
 
 class Model:
-    """Sequential in-memory reference of /users/track and /users/export/ids."""
+    """Sequential in-memory reference of track, export and the identity endpoints."""
 
     def __init__(self, clock: Callable[[], datetime], seed: str) -> None:
         self.clock = clock
         self.seed = seed
-        self.profiles: list[dict] = []  # creation order; none is ever deleted here
+        self.profiles: list[dict] = []  # live profiles in creation order
         self.created = 0  # profiles ever created (the n of service_id)
-        self.seq = 0  # store-wide update_seq counter, one step per applied object
+        # store-wide update_seq counter: one step per applied track object, per push token
+        # import object, and per identity item (applied or skipped)
+        self.seq = 0
+        self.tokens_received = 0  # stamps push token rows in the order received
         self.now = datetime.min.replace(tzinfo=UTC)  # the reading of the current batch
 
     # -- dispatch -----------------------------------------------------------------------------
@@ -465,7 +596,20 @@ class Model:
         body = copy.deepcopy(body)
         if path == TRACK_PATH:
             return self._track(body)
-        return self._export(body)
+        if path == EXPORT_PATH:
+            return self._export(body)
+        handler = {
+            MERGE_PATH: self._merge,
+            IDENTIFY_PATH: self._identify,
+            RENAME_PATH: self._rename,
+            REMOVE_PATH: self._remove,
+            ALIAS_NEW_PATH: self._alias_new,
+            ALIAS_UPDATE_PATH: self._alias_update,
+            DELETE_PATH: self._delete,
+        }[path]
+        if not isinstance(body, dict):
+            return 400, {"message": m.BODY_NOT_OBJECT}
+        return handler(body)
 
     # -- profiles -----------------------------------------------------------------------------
 
@@ -478,7 +622,8 @@ class Model:
             "created_at": self.now,
             "updated_at": self.now,
             "update_seq": self.seq,
-            "external_id": None,
+            "external_id": None,  # the primary external ID
+            "deprecated": [],  # deprecated external IDs (renamed away, not yet removed)
             "aliases": [],  # [(alias_name, alias_label)]
             "fields": {},  # profile fields with a value (email, phone normalized)
             "language_explicit": False,
@@ -498,6 +643,19 @@ class Model:
         profile["updated_at"] = self.now
         profile["update_seq"] = self.seq
 
+    def _token_row(self, t: dict) -> dict:
+        self.tokens_received += 1
+        return {
+            "app_id": t["app_id"],
+            "token": t["token"],
+            "device_id": t.get("device_id"),
+            "received": self.tokens_received,
+        }
+
+    def _drop(self, profile: dict) -> None:
+        """Delete a profile with everything it holds; its service_id never resolves again."""
+        self.profiles = [p for p in self.profiles if p is not profile]
+
     @staticmethod
     def _most_recent(candidates: list[dict]) -> dict:
         """Profiles with an external_id first; then the most recently updated.
@@ -511,7 +669,7 @@ class Model:
 
     def _find(self, kind: str, ident: Any) -> dict | None:
         if kind == "external_id":
-            found = [p for p in self.profiles if p["external_id"] == ident]
+            found = [p for p in self.profiles if _holds_external_id(p, ident)]
         elif kind == "user_alias":
             found = [p for p in self.profiles if ident in p["aliases"]]
         elif kind == "service_id":
@@ -664,7 +822,7 @@ class Model:
                 continue
             profile = self._new_profile()
             profile["push_anonymous"] = True
-            profile["push_tokens"].append(_token_row(t))
+            profile["push_tokens"].append(self._token_row(t))
 
     def _token_owner(self, app_id: str, token: str) -> dict | None:
         for p in self.profiles:
@@ -703,7 +861,7 @@ class Model:
                 self._touch(owner)
             # DECISION: an upserted token is replaced and moves to the end (latest received).
             profile["push_tokens"] = [x for x in profile["push_tokens"] if not _same_token(x, t)]
-            profile["push_tokens"].append(_token_row(t))
+            profile["push_tokens"].append(self._token_row(t))
 
         groups = obj.get("subscription_groups") or []
         for g in groups:
@@ -747,6 +905,344 @@ class Model:
                         "subscription_state"
                     ]
                 self._touch(other)
+
+    # -- identity endpoints: shared pieces ------------------------------------------------------
+
+    @staticmethod
+    def _list_error(body: dict, field: str) -> str | None:
+        """A required list of 1 to 50 objects: LIST_NOT_ARRAY, LIST_EMPTY, LIST_TOO_MANY, then
+        ITEM_NOT_OBJECT for the first element that is not an object.
+
+        DECISION: every element's shape is checked before any item-specific check.
+        """
+        items = body.get(field)
+        if not isinstance(items, list):
+            return m.LIST_NOT_ARRAY.format(field=field)
+        if not items:
+            return m.LIST_EMPTY.format(field=field)
+        if len(items) > MAX_IDENTITY_ITEMS:
+            return m.LIST_TOO_MANY.format(field=field)
+        for i, item in enumerate(items):
+            if not isinstance(item, dict):
+                return m.ITEM_NOT_OBJECT.format(field=field, index=i)
+        return None
+
+    def _pick(self, ident: tuple[str, Any, list[str] | None]) -> dict | None:
+        """The live profile an identity identifier names, or None (unresolvable or ambiguous).
+
+        external_id (primary or deprecated), user_alias and service_id name at most one profile;
+        email/phone candidates are narrowed by the prioritization rules in the order given.
+        """
+        kind, value, rules = ident
+        if kind not in ("email", "phone"):
+            return self._find(kind, value)
+        candidates = [p for p in self.profiles if p["fields"].get(kind) == value]
+        for rule in rules or []:
+            if rule == "identified":
+                candidates = [p for p in candidates if p["external_id"] is not None] or candidates
+            elif rule == "unidentified":
+                candidates = [p for p in candidates if p["external_id"] is None] or candidates
+            elif candidates:
+                choose = max if rule == "most_recently_updated" else min
+                candidates = [choose(candidates, key=_recency)]
+        # none left: unresolvable; several left: ambiguous
+        return candidates[0] if len(candidates) == 1 else None
+
+    @staticmethod
+    def _absorb(target: dict, source: dict, fields: tuple[str, ...]) -> None:
+        """Fill the target from the source (merge, identify with merge_behavior merge): the listed
+        profile fields and the custom attributes the target has no value for; events and
+        purchases move to the target."""
+        for f in fields:
+            if f not in target["fields"] and f in source["fields"]:
+                target["fields"][f] = copy.deepcopy(source["fields"][f])
+                if f == "language":
+                    target["language_explicit"] = source["language_explicit"]
+        for name, value in source["custom"].items():
+            if name not in target["custom"]:
+                target["custom"][name] = copy.deepcopy(value)
+        target["events"].extend(source["events"])
+        target["purchases"].extend(source["purchases"])
+        source["events"], source["purchases"] = [], []
+
+    @staticmethod
+    def _move_tokens(source: dict, target: dict) -> None:
+        """Push tokens move to the target.
+
+        DECISION: a moved token keeps its place in the order received (tokens are listed by
+        when they were received, whoever received them).
+        """
+        moved = target["push_tokens"] + source["push_tokens"]
+        target["push_tokens"] = sorted(moved, key=lambda t: t["received"])
+        source["push_tokens"] = []
+
+    # -- POST /users/merge ----------------------------------------------------------------------
+
+    def _merge_check(self, body: dict) -> tuple[str | None, list]:
+        """(first request-level error, [(merge side, keep side)] parsed identifiers)."""
+        if err := self._list_error(body, "merge_updates"):
+            return err, []
+        parsed = []
+        for i, update in enumerate(body["merge_updates"]):
+            sides = [update.get("identifier_to_merge"), update.get("identifier_to_keep")]
+            if not all(isinstance(side, dict) for side in sides):
+                return m.MERGE_SIDES.format(index=i), []
+            pair = []
+            for name, side in zip(
+                ("identifier_to_merge", "identifier_to_keep"), sides, strict=True
+            ):
+                err, ident = parse_identifier(side, f"merge_updates[{i}].{name}")
+                if err:
+                    return err, []
+                pair.append(ident)
+            parsed.append(pair)
+        return None, parsed
+
+    def _merge(self, body: dict) -> tuple[int, dict]:
+        err, updates = self._merge_check(body)
+        if err:
+            return 400, {"message": err}
+        for merge_side, keep_side in updates:
+            self.seq += 1
+            source = self._pick(merge_side)
+            if source is None:
+                continue  # skipped: identifier_to_merge unresolvable or ambiguous
+            target = self._pick(keep_side)
+            if target is None or target is source:
+                continue  # skipped: identifier_to_keep unresolvable or ambiguous, or same user
+            self._absorb(target, source, MERGE_FIELDS)
+            self._move_tokens(source, target)
+            self._drop(source)  # with its external IDs, aliases, attributes, groups
+            self._touch(target)
+        return 202, {"message": "success"}
+
+    # -- POST /users/identify -------------------------------------------------------------------
+
+    @staticmethod
+    def _identify_check(body: dict) -> tuple[str | None, list]:
+        """(first request-level error, [(alias or None, identifier, external_id)] in order)."""
+        arrays = [f for f in IDENTIFY_ARRAYS if f in body]
+        if not arrays:
+            return m.IDENTIFY_NO_ARRAYS, []
+        for f in arrays:
+            if not isinstance(body[f], list):
+                return m.LIST_NOT_ARRAY.format(field=f), []
+            for i, item in enumerate(body[f]):
+                if not isinstance(item, dict):
+                    return m.ITEM_NOT_OBJECT.format(field=f, index=i), []
+        # DECISION: an empty array is accepted (LIST_EMPTY is not among identify's errors).
+        if sum(len(body[f]) for f in arrays) > MAX_IDENTITY_ITEMS:
+            return m.IDENTIFY_TOO_MANY, []
+        # merge_behavior absent, "none" or "merge" (null is none of them)
+        if "merge_behavior" in body and body["merge_behavior"] not in ("none", "merge"):
+            return m.IDENTIFY_MERGE_BEHAVIOR, []
+        items = []
+        for f in arrays:
+            kind = IDENTIFY_ARRAYS[f]
+            for i, item in enumerate(body[f]):
+                where = f"{f}[{i}]"
+                ext = item.get("external_id")
+                if not isinstance(ext, str) or ext == "":
+                    return m.IDENTIFY_EXTERNAL_ID.format(where=where), []
+                if _blocked(ext):
+                    return m.IDENTIFY_BLOCKED.format(where=where), []
+                # DECISION: an invalid alias/email/phone is IDENTIFIER_INVALID with track's text,
+                # and a bad prioritization is PRIORITIZATION(_BOTH), both at `where` = f[i].
+                value, err = identifier_value(kind, item.get(kind))
+                if err:
+                    return m.IDENTIFIER_INVALID.format(where=where, error=err), []
+                rules = None
+                if kind != "user_alias":
+                    if err := prioritization_error(item.get("prioritization"), where):
+                        return err, []
+                    rules = list(item["prioritization"])
+                alias = value if kind == "user_alias" else None
+                items.append((alias, (kind, value, rules), ext))
+        return None, items
+
+    def _identify(self, body: dict) -> tuple[int, dict]:
+        err, items = self._identify_check(body)
+        if err:
+            return 400, {"message": err}
+        merge = body.get("merge_behavior") == "merge"
+        for alias, ident, ext in items:
+            self.seq += 1
+            anonymous = self._pick(ident)
+            if anonymous is None or anonymous["external_id"] is not None:
+                continue  # skipped: no (single) profile, or already identified
+            holder = self._find("external_id", ext)
+            if holder is None:
+                anonymous["external_id"] = ext
+                self._touch(anonymous)
+                continue
+            if alias is not None and any(label == alias[1] for _, label in holder["aliases"]):
+                continue  # skipped: the identified user has an alias with that label
+            if merge:
+                self._absorb(holder, anonymous, IDENTIFY_MERGE_FIELDS)
+            self._move_tokens(anonymous, holder)
+            if alias is not None:  # the identified alias moves; the others go with the profile
+                anonymous["aliases"].remove(alias)
+                holder["aliases"].append(alias)
+            self._drop(anonymous)
+            self._touch(holder)
+        return 200, {"aliases_processed": len(items), "message": "success"}
+
+    # -- POST /users/external_ids/rename and /remove --------------------------------------------
+
+    def _rename(self, body: dict) -> tuple[int, dict]:
+        items = body.get("external_id_renames")
+        if not isinstance(items, list):
+            return 400, {"message": m.LIST_NOT_ARRAY.format(field="external_id_renames")}
+        if not items:
+            return 400, {"message": m.LIST_EMPTY.format(field="external_id_renames")}
+        if len(items) > MAX_IDENTITY_ITEMS:
+            return 400, {"message": m.LIST_TOO_MANY.format(field="external_id_renames")}
+        renamed: list[str] = []
+        errors: list[list] = []
+        for index, item in enumerate(items):
+            self.seq += 1
+            err = self._rename_one(item)
+            if err is None:
+                renamed.append(item["current_external_id"])
+            else:
+                errors.append([err, index])
+        return 200, {"message": "success", "external_ids": renamed, "rename_errors": errors}
+
+    def _rename_one(self, item: Any) -> str | None:
+        if not isinstance(item, dict) or not all(
+            _non_empty_string(item.get(k)) for k in ("current_external_id", "new_external_id")
+        ):
+            return m.RENAME_SHAPE
+        current, new = item["current_external_id"], item["new_external_id"]
+        if current == new:
+            return m.RENAME_SAME
+        if _blocked(new):
+            return m.RENAME_BLOCKED
+        owner = next((p for p in self.profiles if p["external_id"] == current), None)
+        if owner is None:
+            if any(current in p["deprecated"] for p in self.profiles):
+                return m.RENAME_DEPRECATED
+            return m.RENAME_UNKNOWN
+        if any(_holds_external_id(p, new) for p in self.profiles):
+            return m.RENAME_IN_USE
+        owner["deprecated"].append(current)
+        owner["external_id"] = new
+        self._touch(owner)
+        return None
+
+    def _remove(self, body: dict) -> tuple[int, dict]:
+        ids = body.get("external_ids")
+        if not isinstance(ids, list):
+            return 400, {"message": m.IDS_NOT_STRINGS}
+        if not ids:
+            return 400, {"message": m.LIST_EMPTY.format(field="external_ids")}
+        if len(ids) > MAX_IDENTITY_ITEMS:
+            return 400, {"message": m.LIST_TOO_MANY.format(field="external_ids")}
+        removed: list[str] = []
+        errors: list[list] = []
+        for index, ext in enumerate(ids):
+            self.seq += 1
+            owner = None
+            if not _non_empty_string(ext):
+                err = m.REMOVE_SHAPE
+            elif any(p["external_id"] == ext for p in self.profiles):
+                err = m.REMOVE_PRIMARY
+            else:
+                owner = next((p for p in self.profiles if ext in p["deprecated"]), None)
+                err = m.REMOVE_UNKNOWN if owner is None else None
+            if err is not None:
+                errors.append([err, index])
+                continue
+            assert owner is not None
+            # DECISION: removing a deprecated ID does not touch the profile (updated_at is set
+            # by merge, identify and rename; remove is not listed).
+            owner["deprecated"].remove(ext)
+            removed.append(ext)
+        return 200, {"message": "success", "removed_ids": removed, "removal_errors": errors}
+
+    # -- POST /users/alias/new and /users/alias/update ------------------------------------------
+
+    def _alias_new(self, body: dict) -> tuple[int, dict]:
+        err = self._list_error(body, "user_aliases")
+        for i, item in enumerate(body["user_aliases"] if err is None else []):
+            where = f"user_aliases[{i}]"
+            if not _valid_alias(item):
+                err = m.ALIAS_SHAPE.format(where=where)
+            # DECISION: external_id null counts as absent.
+            elif item.get("external_id") is not None and not _non_empty_string(item["external_id"]):
+                err = m.ALIAS_EXTERNAL_ID.format(where=where)
+            if err:
+                break
+        if err:
+            return 400, {"message": err}
+        for item in body["user_aliases"]:
+            self.seq += 1
+            alias = (item["alias_name"], item["alias_label"])
+            if self._find("user_alias", alias) is not None:
+                continue  # skipped: alias exists
+            ext = item.get("external_id")
+            if ext is None:
+                self._new_profile()["aliases"].append(alias)  # an alias-only profile
+                continue
+            owner = self._find("external_id", ext)
+            if owner is None:
+                continue  # skipped: no such user
+            if any(label == alias[1] for _, label in owner["aliases"]):
+                continue  # skipped: alias label taken
+            owner["aliases"].append(alias)
+            self._touch(owner)
+        return 200, {"aliases_processed": len(body["user_aliases"]), "message": "success"}
+
+    def _alias_update(self, body: dict) -> tuple[int, dict]:
+        err = self._list_error(body, "alias_updates")
+        for i, item in enumerate(body["alias_updates"] if err is None else []):
+            keys = ("alias_label", "old_alias_name", "new_alias_name")
+            if not all(_non_empty_string(item.get(k)) for k in keys):
+                err = m.ALIAS_UPDATE_SHAPE.format(where=f"alias_updates[{i}]")
+                break
+        if err:
+            return 400, {"message": err}
+        for item in body["alias_updates"]:
+            self.seq += 1
+            label = item["alias_label"]
+            old, new = (item["old_alias_name"], label), (item["new_alias_name"], label)
+            owner = self._find("user_alias", old)
+            if owner is None:
+                continue  # skipped: no such user
+            if self._find("user_alias", new) is not None:
+                continue  # skipped: alias exists (also when old = new)
+            owner["aliases"] = [new if a == old else a for a in owner["aliases"]]
+            self._touch(owner)
+        return 200, {"message": "success"}
+
+    # -- POST /users/delete ---------------------------------------------------------------------
+
+    def _delete(self, body: dict) -> tuple[int, dict]:
+        # DECISION: a key counts as present whatever it holds (null then fails its shape check).
+        present = [k for k in DELETE_KEYS if k in body]
+        if not present:
+            return 400, {"message": m.DELETE_NO_IDS}
+        for k in present:
+            v = body[k]
+            if k == "user_aliases":
+                if not isinstance(v, list) or not all(_valid_alias(a) for a in v):
+                    return 400, {"message": m.DELETE_ALIASES}
+            elif not isinstance(v, list) or not all(_non_empty_string(x) for x in v):
+                return 400, {"message": m.DELETE_STRINGS.format(field=k)}
+        if sum(len(body[k]) for k in present) > MAX_IDENTITY_ITEMS:
+            return 400, {"message": m.DELETE_TOO_MANY}
+        deleted = 0
+        for k in present:
+            kind = DELETE_KEYS[k]
+            for x in body[k]:
+                self.seq += 1
+                ident = (x["alias_name"], x["alias_label"]) if kind == "user_alias" else x
+                profile = self._find(kind, ident)
+                if profile is None:
+                    continue  # skipped: no such user (or deleted by an earlier identifier)
+                self._drop(profile)
+                deleted += 1
+        return 200, {"deleted": deleted, "message": "success"}
 
     # -- /users/export/ids --------------------------------------------------------------------
 
@@ -803,7 +1299,7 @@ class Model:
         # (request identifier as reported in invalid_user_ids, matching profiles in creation order)
         lookups: list[tuple[str, list[dict]]] = []
         for ext in body.get("external_ids") or []:
-            lookups.append((ext, [p for p in self.profiles if p["external_id"] == ext]))
+            lookups.append((ext, [p for p in self.profiles if _holds_external_id(p, ext)]))
         for a in body.get("user_aliases") or []:
             key = (a["alias_name"], a["alias_label"])
             lookups.append((a["alias_name"], [p for p in self.profiles if key in p["aliases"]]))
@@ -918,5 +1414,6 @@ def _same_token(row: dict, t: dict) -> bool:
     return row["app_id"] == t["app_id"] and row["token"] == t["token"]
 
 
-def _token_row(t: dict) -> dict:
-    return {"app_id": t["app_id"], "token": t["token"], "device_id": t.get("device_id")}
+def _holds_external_id(p: dict, ext: Any) -> bool:
+    """The profile's primary or one of its deprecated external IDs."""
+    return p["external_id"] == ext or ext in p["deprecated"]

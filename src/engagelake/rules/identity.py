@@ -62,7 +62,7 @@ def _parse(kind: str, body: Any) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         rows, behavior = R.identify_items(body)
         return rows, {"merge_behavior": behavior}
     parsers: dict[str, Callable[[Any], list[dict[str, Any]]]] = {
-        "merge": R.merge_items, "rename": R.rename_items, "remove": R.remove_items,
+        "rename": R.rename_items, "remove": R.remove_items,
         "alias_new": R.alias_new_items, "alias_update": R.alias_update_items, "delete": R.delete_items,
     }
     return parsers[kind](body), {}
@@ -72,25 +72,33 @@ def apply_identity(state: State, kind: str, pending: list[tuple[int, str]], *, c
                    batch: str) -> IdentityOutcome:
     """Apply a run of requests of one identity endpoint; `pending` is (batch index, body JSON)."""
     out = IdentityOutcome(next_update_seq=state.next_update_seq, next_profile_n=state.next_profile_n)
-    rows: list[dict[str, Any]] = []
-    valid: list[int] = []
-    for req, text in pending:
-        try:
-            parsed, options = _parse(kind, orjson.loads(text))
-        except R.Invalid as bad:
-            out.responses[req] = (400, {"message": str(bad)})
-            continue
-        valid.append(req)
-        rows += [{**row, **options, "req": req} for row in parsed]
+    if kind == "merge":  # the bulk endpoint: checked and flattened for the whole run at once
+        from engagelake.rules.merge_requests import parse_merges
+
+        answered, frame = parse_merges(pending)
+        for req, message in answered.items():
+            out.responses[req] = (400, {"message": message})
+        valid = [req for req, _ in pending if req not in answered]
+    else:
+        valid, rows = [], []
+        for req, text in pending:
+            try:
+                parsed, options = _parse(kind, orjson.loads(text))
+            except R.Invalid as bad:
+                out.responses[req] = (400, {"message": str(bad)})
+                continue
+            valid.append(req)
+            rows += [{**row, **options, "req": req} for row in parsed]
+        frame = pl.DataFrame(rows, infer_schema_length=None) if rows else pl.DataFrame()
     if not valid:
         return out
-    if not rows:  # valid requests with empty arrays (identify, delete) change nothing
+    if frame.height == 0:  # valid requests with empty arrays (identify, delete) change nothing
         for req in valid:
             out.responses[req] = (200, {"aliases_processed": 0, "message": "success"} if kind == "identify"
                                   else {"deleted": 0, "message": "success"})
         return out
     base = state.next_update_seq
-    items = pl.DataFrame(rows, infer_schema_length=None).with_row_index("j").with_columns(
+    items = frame.with_row_index("j").with_columns(
         pl.col("j").cast(pl.Int64), (pl.col("j").cast(pl.Int64) + base).alias("seq"))
     # columns that may be all-null in a run still need their types for the joins
     items = items.with_columns(
@@ -141,6 +149,11 @@ def _delete(run: Run, items: pl.DataFrame, valid: list[int], out: IdentityOutcom
     counts = dict(items.group_by("req").agg(pl.col("applied").sum()).iter_rows())
     for req in valid:
         out.responses[req] = (200, {"deleted": int(counts.get(req, 0)), "message": "success"})
+
+
+def _ext_json(col: pl.Expr) -> pl.Expr:
+    """`{"external_id": <col>}` as JSON text (lineage rows name identifiers as requests do)."""
+    return pl.struct(col.alias("external_id")).struct.json_encode()
 
 
 def _outcome(applied: str = "applied") -> pl.Expr:
@@ -208,7 +221,7 @@ def _rename(run: Run, items: pl.DataFrame, valid: list[int], out: IdentityOutcom
     out.changes.upsert("profiles", _touch_profiles(run.state, last, run.clock, external_id=pl.col("final")).drop("final"))
     out.changes.upsert("merges", run.lineage(
         decided, rule="rename", outcome=_outcome(), reason=pl.col("error"),
-        source=pl.col("current"), target=pl.col("new"), source_sid=pl.col("sid"), target_sid=pl.col("sid")))
+        source=_ext_json(pl.col("current")), target=_ext_json(pl.col("new")), source_sid=pl.col("sid"), target_sid=pl.col("sid")))
     _answer_lists(decided, valid, out, ok_field="external_ids", error_field="rename_errors")
 
 
@@ -239,7 +252,7 @@ def _remove(run: Run, items: pl.DataFrame, valid: list[int], out: IdentityOutcom
     decided = items.with_columns(error.alias("error")).with_columns(pl.col("error").is_null().alias("applied"))
     out.changes.delete("external_ids", decided.filter("applied").select(pl.col("current").alias("external_id")))
     out.changes.upsert("merges", run.lineage(
-        decided, rule="remove", outcome=_outcome(), reason=pl.col("error"), source=pl.col("current"),
+        decided, rule="remove", outcome=_outcome(), reason=pl.col("error"), source=_ext_json(pl.col("current")),
         source_sid=pl.col("service_id")))
     _answer_lists(decided, valid, out, ok_field="removed_ids", error_field="removal_errors")
 

@@ -61,9 +61,9 @@ def blocked(external_id: str) -> bool:
 def _items(body: Any, field: str, *, required: bool = True) -> list[Any]:
     if not isinstance(body, dict):
         raise Invalid(M.BODY_NOT_OBJECT)
-    items = body.get(field)
-    if items is None and not required:
+    if field not in body and not required:
         return []
+    items = body.get(field)
     if not isinstance(items, list):
         raise Invalid(M.LIST_NOT_ARRAY.format(field=field))
     return items
@@ -112,20 +112,6 @@ def identifier(where: str, ident: Any) -> tuple[str, str, list[str] | None]:
     return kind, key, prio
 
 
-def merge_items(body: Any) -> list[dict[str, Any]]:
-    """One row per merge update: both sides' kind, key, prioritization and JSON."""
-    rows = []
-    for i, update in enumerate(_checked_list(body, "merge_updates")):
-        src, tgt = update.get("identifier_to_merge"), update.get("identifier_to_keep")
-        if not isinstance(src, dict) or not isinstance(tgt, dict):
-            raise Invalid(M.MERGE_SIDES.format(index=i))
-        sk, skey, sprio = identifier(f"merge_updates[{i}].identifier_to_merge", src)
-        tk, tkey, tprio = identifier(f"merge_updates[{i}].identifier_to_keep", tgt)
-        rows.append({"item": i, "src_kind": sk, "src_key": skey, "src_prio": sprio, "tgt_kind": tk,
-                     "tgt_key": tkey, "tgt_prio": tprio, "source": _json(src), "target": _json(tgt)})
-    return rows
-
-
 IDENTIFY_ARRAYS = (
     ("aliases_to_identify", "user_alias"), ("emails_to_identify", "email"), ("phone_numbers_to_identify", "phone"),
 )
@@ -135,7 +121,7 @@ def identify_items(body: Any) -> tuple[list[dict[str, Any]], str]:
     """(one row per element in the order aliases, emails, phones; merge_behavior)."""
     if not isinstance(body, dict):
         raise Invalid(M.BODY_NOT_OBJECT)
-    if all(body.get(field) is None for field, _ in IDENTIFY_ARRAYS):
+    if all(field not in body for field, _ in IDENTIFY_ARRAYS):  # a key holding null is present
         raise Invalid(M.IDENTIFY_NO_ARRAYS)
     lists = {field: _items(body, field, required=False) for field, _ in IDENTIFY_ARRAYS}
     if sum(len(v) for v in lists.values()) > MAX_ITEMS:
@@ -232,13 +218,13 @@ DELETE_ARRAYS = ("external_ids", "user_aliases", "service_ids")
 def delete_items(body: Any) -> list[dict[str, Any]]:
     if not isinstance(body, dict):
         raise Invalid(M.BODY_NOT_OBJECT)
-    if all(body.get(f) is None for f in DELETE_ARRAYS):
+    if all(f not in body for f in DELETE_ARRAYS):  # a key holding null is present
         raise Invalid(M.DELETE_NO_IDS)
     rows = []
     for field in DELETE_ARRAYS:
-        values = body.get(field)
-        if values is None:
+        if field not in body:
             continue
+        values = body[field]
         kind = {"external_ids": "external_id", "user_aliases": "user_alias", "service_ids": "service_id"}[field]
         if field == "user_aliases":
             keys = [alias_key(v) for v in values] if isinstance(values, list) else [None]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import orjson
 import polars as pl
 
 from engagelake.rules.state import State
@@ -17,14 +16,8 @@ def lineage_rows(state: State, identifier: str, *, kind: str = "external_id") ->
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {', '.join(KINDS)}, not {kind!r}")
     merges = state["merges"]
-    value: object = identifier
-    if kind == "user_alias":
-        label, _, name = identifier.partition(":")
-        value = {"alias_label": label, "alias_name": name}
-    sent = orjson.dumps({kind: value}, option=orjson.OPT_SORT_KEYS).decode()
-    # the identifier as a request named it: whole JSON, or the bare ID (rename/remove rows)
-    named = merges.filter(pl.col("source").str.starts_with(sent[:-1]) | pl.col("target").str.starts_with(sent[:-1])
-                          | (pl.col("source") == identifier) | (pl.col("target") == identifier))
+    # the identifier as a request named it (sources and targets are the identifiers as sent, JSON)
+    named = merges.filter(pl.any_horizontal(_names(pl.col(c), kind, identifier) for c in ("source", "target")))
     sids = set(named["source_sid"].drop_nulls()) | set(named["target_sid"].drop_nulls())
     sids |= set(_current_owners(state, kind, identifier))
     edges = merges.filter(pl.col("outcome") == "applied").select("source_sid", "target_sid").drop_nulls()
@@ -36,6 +29,14 @@ def lineage_rows(state: State, identifier: str, *, kind: str = "external_id") ->
         sids = grown
     rows = merges.filter(pl.col("source_sid").is_in(list(sids)) | pl.col("target_sid").is_in(list(sids)))
     return pl.concat([rows, named]).unique(maintain_order=True).sort("at", "seq")
+
+
+def _names(col: pl.Expr, kind: str, identifier: str) -> pl.Expr:
+    if kind == "user_alias":
+        label, _, name = identifier.partition(":")
+        return ((col.str.json_path_match("$.user_alias.alias_label") == label)
+                & (col.str.json_path_match("$.user_alias.alias_name") == name)).fill_null(False)
+    return (col.str.json_path_match(f"$.{kind}") == identifier).fill_null(False)
 
 
 def _current_owners(state: State, kind: str, identifier: str) -> list[str]:

@@ -16,7 +16,7 @@ import polars as pl
 
 from engagelake.rules import messages as M
 from engagelake.rules.identity_requests import ALIAS_SEP
-from engagelake.rules.profiles_merge import consistent_edges, merge_forest, subtree_first
+from engagelake.rules.profiles_merge import consistent_edges, merge_forest, rows_of, subtree_first
 from engagelake.rules.state import State
 
 SIDES = ("src", "tgt")
@@ -26,14 +26,19 @@ SIDE_NAMES = {"src": "identifier_to_merge", "tgt": "identifier_to_keep"}
 def strong_owners(state: State, sides: pl.DataFrame) -> pl.DataFrame:
     """`sides` (kind, key, ...) with `sid0`: the owner of an external ID (primary or deprecated),
     alias or service_id at the start of the run; null for email/phone sides and unknown IDs."""
+    def keys(kind: str) -> pl.Series:
+        return sides.filter(pl.col("kind") == kind)["key"]
+
+    alias_key = pl.col("alias_label") + ALIAS_SEP + pl.col("alias_name")
+    aliases = state["aliases"]
+    names = keys("user_alias").str.split(ALIAS_SEP).list.last()
     owners = pl.concat([
-        state["external_ids"].select(pl.lit("external_id").alias("kind"), pl.col("external_id").alias("key"),
-                                     pl.col("service_id").alias("sid0")),
-        state["aliases"].select(pl.lit("user_alias").alias("kind"),
-                                (pl.col("alias_label") + ALIAS_SEP + pl.col("alias_name")).alias("key"),
-                                pl.col("service_id").alias("sid0")),
-        state["profiles"].select(pl.lit("service_id").alias("kind"), pl.col("service_id").alias("key"),
-                                 pl.col("service_id").alias("sid0")),
+        rows_of(state["external_ids"], "external_id", keys("external_id")).select(
+            pl.lit("external_id").alias("kind"), pl.col("external_id").alias("key"), pl.col("service_id").alias("sid0")),
+        rows_of(aliases, "alias_name", names).select(
+            pl.lit("user_alias").alias("kind"), alias_key.alias("key"), pl.col("service_id").alias("sid0")),
+        rows_of(state["profiles"], "service_id", keys("service_id")).select(
+            pl.lit("service_id").alias("kind"), pl.col("service_id").alias("key"), pl.col("service_id").alias("sid0")),
     ])
     return sides.join(owners, on=["kind", "key"], how="left", maintain_order="left")
 
@@ -45,8 +50,8 @@ def contact_candidates(state: State, sides: pl.DataFrame) -> pl.DataFrame:
     for kind in ("email", "phone"):
         s = sides.filter(pl.col("kind") == kind)
         if s.height:
-            parts.append(s.join(prof.select(pl.col(kind).alias("key"), pl.col("service_id").alias("sid")),
-                                on="key").select("j", "side", "sid"))
+            holders = rows_of(prof, kind, s["key"]).select(pl.col(kind).alias("key"), pl.col("service_id").alias("sid"))
+            parts.append(s.join(holders, on="key").select("j", "side", "sid"))
     return pl.concat(parts) if parts else pl.DataFrame(schema={"j": pl.Int64, "side": pl.String, "sid": pl.String})
 
 

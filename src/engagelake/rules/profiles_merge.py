@@ -71,6 +71,12 @@ def subtree_first(forest: pl.DataFrame, values: pl.DataFrame, field: str) -> pl.
     return f.select("sid", pl.when(pl.col("nn") < pl.col("end")).then(picked).alias(field))
 
 
+def rows_of(frame: pl.DataFrame, column: str, values: pl.Series) -> pl.DataFrame:
+    """The rows of a (big) table whose `column` is in `values`: one hash probe per row, so the
+    joins that follow work on the touched rows only."""
+    return frame.filter(pl.col(column).is_in(values.unique().implode()))
+
+
 def merge_effects(state: State, edges: pl.DataFrame, fields: tuple[str, ...], clock: datetime) -> Changes:
     """Changes of applying merges `edges` (src, tgt, j, seq, fill): `fill` edges bring fields,
     custom attributes and history; every merged profile's push tokens move; merged profiles go."""
@@ -85,7 +91,7 @@ def merge_effects(state: State, edges: pl.DataFrame, fields: tuple[str, ...], cl
     if blocked.height:
         hit = contributes.join(blocked, on="root").filter(pl.col("key").str.starts_with(pl.col("bkey")))
         contributes = contributes.join(hit.select("sid").unique(), on="sid", how="anti")
-    prof = state["profiles"]
+    prof = rows_of(state["profiles"], "service_id", forest["sid"])
     rows = contributes.join(prof, left_on="sid", right_on="service_id", how="inner").sort("root", "key")
     last_seq = edges.group_by("tgt").agg(pl.col("seq").max().alias("last_seq"))
     filled = rows.group_by("root", maintain_order=True).agg(
@@ -100,7 +106,7 @@ def merge_effects(state: State, edges: pl.DataFrame, fields: tuple[str, ...], cl
                  .with_columns(pl.lit(clock).cast(prof.schema["updated_at"]).alias("updated_at"),
                                pl.coalesce("last_seq", "update_seq").alias("update_seq")))
     # custom attributes: the first holder of each name in merge order
-    attrs = state["attributes"].join(contributes.select(pl.col("sid").alias("service_id"), "root", "key"),
+    attrs = rows_of(state["attributes"], "service_id", contributes["sid"]).join(contributes.select(pl.col("sid").alias("service_id"), "root", "key"),
                                      on="service_id").sort("root", "name", "key")
     gained = (attrs.unique(["root", "name"], keep="first", maintain_order=True)
               .filter(pl.col("service_id") != pl.col("root"))
@@ -111,7 +117,7 @@ def merge_effects(state: State, edges: pl.DataFrame, fields: tuple[str, ...], cl
     changes.extend(remove_profiles(state, into, clock))
     changes.upsert("profiles", root_rows)
     changes.upsert("attributes", gained)
-    tokens = state["push_tokens"].join(merged.select(pl.col("sid").alias("service_id"), "root"), on="service_id")
+    tokens = rows_of(state["push_tokens"], "service_id", merged["sid"]).join(merged.select(pl.col("sid").alias("service_id"), "root"), on="service_id")
     changes.upsert("push_tokens", tokens.with_columns(pl.col("root").alias("service_id")))
     return changes
 
@@ -124,7 +130,7 @@ def remove_profiles(state: State, into: pl.DataFrame, clock: datetime) -> Change
     for name, key in (("profiles", "service_id"), ("external_ids", "service_id"), ("aliases", "service_id"),
                       ("attributes", "service_id"), ("subscriptions", "service_id"), ("push_tokens", "service_id")):
         changes.delete(name, state[name].filter(pl.col(key).is_in(sids)))
-    earlier = state["redirects"].join(into.select(pl.col("sid").alias("into"), pl.col("into").alias("final")),
+    earlier = rows_of(state["redirects"], "into", into["sid"]).join(into.select(pl.col("sid").alias("into"), pl.col("into").alias("final")),
                                       on="into").select("service_id", pl.col("final").alias("into"))
     redirects = pl.concat([into.select(pl.col("sid").alias("service_id"), "into"), earlier])
     changes.upsert("redirects", redirects.with_columns(pl.lit(clock).alias("at")))

@@ -46,6 +46,7 @@ LEDGER_SCHEMA = {
     "responses": pl.String(),  # JSON [[status, body], ...]
 }
 CRASH_ENV = "ENGAGELAKE_CRASH_AT"
+COMPACTING = "_compacting"  # marker file: a compaction is under way
 
 
 def _failpoint(name: str) -> None:
@@ -123,7 +124,13 @@ class DeltaStore:
 
     def _recover(self) -> None:
         """Roll back tables that hold writes of a batch that never reached the ledger (a dead
-        writer's); only called under the writer lock, so no live writer is mid-commit."""
+        writer's); only called under the writer lock, so no live writer is mid-commit. A dead
+        compaction is rolled forward instead (it changed no content; its old files are gone)."""
+        marker = Path(self.uri) / COMPACTING if "://" not in self.uri else None
+        if marker is not None and marker.exists():
+            self._publish_current(self.head.batch_no + 1)
+            marker.unlink()
+            return
         for name in TABLES:
             if not DeltaTable.is_deltatable(self._path(name)):
                 continue
@@ -179,6 +186,7 @@ class DeltaStore:
         return frame.sort("_batch", maintain_order=True).drop("_batch", "_deleted")
 
     def load(self) -> State:
+        self._settle_compaction()
         tables = {name: self.read_table(name) for name in TABLES}
         for log in ("events", "purchases"):
             tables[log] = remap_history(tables[log], tables["redirects"])
@@ -234,9 +242,14 @@ class DeltaStore:
 
     def compact(self) -> dict[str, int]:
         """Rewrite every table as its current rows (newest row per key, no tombstones, history
-        moved to surviving profiles, lineage of deleted profiles redacted), commit that as a
-        batch, then delete every file the new versions do not reference. Readers pinned to older
-        versions must reopen. Returns the rows kept per table."""
+        moved to surviving profiles, lineage of deleted profiles redacted), delete every file
+        and log entry the new versions do not need, then commit the new versions. Local stores
+        only. Readers opened before must reopen. Returns the rows kept per table.
+
+        Compaction changes no logical content, so a crash midway rolls forward: the marker file
+        tells the next writer to publish the tables' current versions instead of restoring."""
+        if "://" in self.uri:
+            raise StoreError(f"compaction needs a local store; {self.uri} is not one")
         with self._writer_lock():
             self.head = self._read_head()
             self._recover()
@@ -246,8 +259,9 @@ class DeltaStore:
             tables["merges"] = tables["merges"].with_columns(
                 [pl.when(pl.col("source_sid").is_in(gone) | pl.col("target_sid").is_in(gone)).then(None)
                  .otherwise(pl.col(c)).alias(c) for c in ("source", "target")])
+            marker = Path(self.uri) / COMPACTING
+            marker.touch()
             batch_no = self.head.batch_no + 1
-            versions = {}
             for name in TABLES:
                 if not DeltaTable.is_deltatable(self._path(name)):
                     self._create_table(name)
@@ -255,13 +269,27 @@ class DeltaStore:
                 DeltaTable(self._path(name)).alter.set_table_properties({"delta.logRetentionDuration": "interval 0 days"})
                 rows = tables[name].with_columns(_batch=pl.lit(batch_no, pl.Int64), _deleted=pl.lit(False))
                 write_deltalake(self._path(name), rows.select(list(_stored_schema(name))).to_arrow(), mode="overwrite")
-                versions[name] = DeltaTable(self._path(name)).version()
-            self._append_ledger(batch_no, None, versions, self.head.next_profile_n, self.head.next_update_seq,
-                                self.head.seed, [])
-            self.head = Head(batch_no, versions, self.head.next_profile_n, self.head.next_update_seq, self.head.seed)
-            for name in TABLES:
+                _failpoint(f"compact:{name}")
                 table = DeltaTable(self._path(name))
                 table.vacuum(retention_hours=0, enforce_retention_duration=False, dry_run=False)
+                table = DeltaTable(self._path(name))
                 table.create_checkpoint()
                 table.cleanup_metadata()
+            self._publish_current(batch_no)
+            marker.unlink()
             return {name: tables[name].height for name in TABLES}
+
+    def _settle_compaction(self) -> None:
+        """Old table versions go during a compaction: wait for a live one (it holds the writer
+        lock), or roll a dead one forward, before reading."""
+        if "://" not in self.uri and (Path(self.uri) / COMPACTING).exists():
+            with self._writer_lock():
+                self.head = self._read_head()
+                self._recover()
+
+    def _publish_current(self, batch_no: int) -> None:
+        """A ledger row naming every table's current version (the end of a compaction)."""
+        versions = {name: DeltaTable(self._path(name)).version() for name in TABLES}
+        self._append_ledger(batch_no, None, versions, self.head.next_profile_n, self.head.next_update_seq,
+                            self.head.seed, [])
+        self.head = Head(batch_no, versions, self.head.next_profile_n, self.head.next_update_seq, self.head.seed)

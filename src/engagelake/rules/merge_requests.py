@@ -1,0 +1,138 @@
+"""Check and flatten a run of `/users/merge` bodies at once.
+
+DuckDB unnests every `merge_updates` element (its sides' fields and JSON types); Polars
+expressions then apply the checks of `identity_requests` in the same order, so a request
+answers the same first error as checking it by hand, and valid requests become item rows.
+"""
+
+from __future__ import annotations
+
+import duckdb
+import polars as pl
+import pyarrow as pa
+
+from engagelake.rules import messages as M
+from engagelake.rules.identity_requests import ALIAS_SEP, MAX_ITEMS
+from engagelake.rules.validate import normalize_email, normalize_phone
+
+SIDES = {"src": "identifier_to_merge", "tgt": "identifier_to_keep"}
+KINDS = ("external_id", "user_alias", "service_id", "email", "phone")
+
+
+def _side_sql(s: str, field: str) -> str:
+    side = f"(e.value -> '{field}')"
+    cols = [f"json_type({side}) AS {s}_t", f"json_keys({side}) AS {s}_keys", f"{side}::VARCHAR AS {s}_json"]
+    for k in ("external_id", "service_id", "email", "phone"):
+        cols += [f"json_type({side}, '$.{k}') AS {s}_{k}_t", f"json_extract_string({side}, '$.{k}') AS {s}_{k}"]
+    for k in ("alias_label", "alias_name"):
+        cols += [f"json_type({side}, '$.user_alias.{k}') AS {s}_{k}_t",
+                 f"json_extract_string({side}, '$.user_alias.{k}') AS {s}_{k}"]
+    cols += [f"json_type({side}, '$.prioritization') AS {s}_prio_t",
+             f"json_extract_string({side}, '$.prioritization[*]') AS {s}_prio",
+             f"json_type({side}, '$.prioritization[*]') AS {s}_prio_types"]
+    return ", ".join(cols)
+
+
+def _frames(pending: list[tuple[int, str]]) -> tuple[pl.DataFrame, pl.DataFrame]:
+    con = duckdb.connect()
+    try:
+        con.register("bodies", pa.table({"req": [r for r, _ in pending], "body": [t for _, t in pending]}))
+        con.sql("CREATE TEMP TABLE b AS SELECT req, body::JSON AS j FROM bodies")
+        reqs = con.sql("SELECT req, json_type(j) AS t, json_type(j, '$.merge_updates') AS a_t, "
+                       "json_array_length(j, '$.merge_updates') AS n FROM b").to_arrow_table()
+        items = con.sql(
+            "SELECT b.req, e.key::BIGINT AS item, json_type(e.value) AS e_t, "
+            f"{_side_sql('src', SIDES['src'])}, {_side_sql('tgt', SIDES['tgt'])} "
+            "FROM b, json_each(b.j -> 'merge_updates') e "
+            "WHERE json_type(b.j, '$.merge_updates') = 'ARRAY' ORDER BY b.req, item").to_arrow_table()
+    finally:
+        con.close()
+    r, i = pl.from_arrow(reqs), pl.from_arrow(items)
+    assert isinstance(r, pl.DataFrame) and isinstance(i, pl.DataFrame)
+    return r, i
+
+
+def _fill(template: str, name: str, value: pl.Expr) -> pl.Expr:
+    """`template` with its `{name}` placeholder replaced by `value`, per row."""
+    before, after = template.split("{" + name + "}")
+    return pl.concat_str([pl.lit(before), value, pl.lit(after)])
+
+
+def _text(col: str) -> pl.Expr:
+    return (pl.col(f"{col}_t") == "VARCHAR") & (pl.col(col).str.len_chars() > 0)
+
+
+def _side_checks(s: str) -> tuple[list[tuple[pl.Expr, pl.Expr]], list[pl.Expr]]:
+    """Ordered (failing condition, message) checks of one side, and its derived columns."""
+    where = pl.lit("merge_updates[") + pl.col("item").cast(pl.String) + pl.lit(f"].{SIDES[s]}")
+    present = [pl.col(f"{s}_keys").list.contains(k) for k in KINDS]
+    kind = pl.coalesce(*[pl.when(p).then(pl.lit(k)) for p, k in zip(present, KINDS, strict=True)])
+    email, phone = normalize_email(pl.col(f"{s}_email")), normalize_phone(pl.col(f"{s}_phone"))
+    alias_ok = _text(f"{s}_alias_label") & _text(f"{s}_alias_name")
+    key = (pl.when(kind == "external_id").then(pl.when(_text(f"{s}_external_id")).then(pl.col(f"{s}_external_id")))
+           .when(kind == "service_id").then(pl.when(_text(f"{s}_service_id")).then(pl.col(f"{s}_service_id")))
+           .when(kind == "user_alias").then(pl.when(alias_ok).then(
+               pl.col(f"{s}_alias_label") + ALIAS_SEP + pl.col(f"{s}_alias_name")))
+           .when(kind == "email").then(pl.when(pl.col(f"{s}_email_t") == "VARCHAR").then(email))
+           .otherwise(pl.when(pl.col(f"{s}_phone_t") == "VARCHAR").then(phone)))
+    error = (pl.when(kind == "external_id").then(pl.lit(M.ERR_EXTERNAL_ID))
+             .when(kind == "service_id").then(pl.lit(M.ERR_SERVICE_ID))
+             .when(kind == "user_alias").then(pl.lit(M.ERR_USER_ALIAS))
+             .when(kind == "email").then(pl.lit(M.ERR_EMAIL)).otherwise(pl.lit(M.ERR_PHONE)))
+    contact = kind.is_in(["email", "phone"])
+    prio = pl.col(f"{s}_prio")
+    prio_ok = ((pl.col(f"{s}_prio_t") == "ARRAY") & (prio.list.len() > 0)
+               & pl.col(f"{s}_prio_types").list.eval(pl.element() == "VARCHAR").list.all()
+               & prio.list.eval(pl.element().is_in(M.PRIORITIZATION_VALUES)).list.all())
+    both = prio.list.contains("identified") & prio.list.contains("unidentified")
+    checks = [
+        (pl.sum_horizontal(present) != 1, _fill(M.IDENTIFIER_ONE_OF, "where", where)),
+        (key.is_null(), _fill(M.IDENTIFIER_INVALID.replace("{error}", ""), "where", where) + error),
+        (contact & ~prio_ok.fill_null(False), _fill(M.PRIORITIZATION, "where", where)),
+        (contact & both.fill_null(False), _fill(M.PRIORITIZATION_BOTH, "where", where)),
+    ]
+    derived = [kind.alias(f"{s}_kind"), key.alias(f"{s}_key"),
+               pl.when(contact).then(prio).alias(f"{s}_prio_out"), pl.col(f"{s}_json").alias(f"{s}_source")]
+    return checks, derived
+
+
+def parse_merges(pending: list[tuple[int, str]]) -> tuple[dict[int, str], pl.DataFrame]:
+    """(the 400 message of each invalid request, the item rows of the valid ones), rows as
+    `identity_requests.merge_items` gives them."""
+    reqs, items = _frames(pending)
+    field = "merge_updates"
+    req_error = (
+        pl.when(pl.col("t") != "OBJECT").then(pl.lit(M.BODY_NOT_OBJECT))
+        .when(pl.col("a_t").fill_null("") != "ARRAY").then(pl.lit(M.LIST_NOT_ARRAY.format(field=field)))
+        .when(pl.col("n") == 0).then(pl.lit(M.LIST_EMPTY.format(field=field)))
+        .when(pl.col("n") > MAX_ITEMS).then(pl.lit(M.LIST_TOO_MANY.format(field=field)))
+    )
+    errors = reqs.select("req", req_error.alias("message")).drop_nulls("message")
+    not_object = (items.filter(pl.col("e_t") != "OBJECT").group_by("req").agg(pl.col("item").min())
+                  .select("req", _fill(M.ITEM_NOT_OBJECT.replace("{field}", field), "index",
+                                       pl.col("item").cast(pl.String)).alias("message")))
+    objects = items.filter(pl.col("e_t") == "OBJECT")
+    checks: list[tuple[pl.Expr, pl.Expr]] = [(
+        (pl.col("src_t").fill_null("") != "OBJECT") | (pl.col("tgt_t").fill_null("") != "OBJECT"),
+        _fill(M.MERGE_SIDES, "index", pl.col("item").cast(pl.String)),
+    )]
+    derived: list[pl.Expr] = []
+    for s in SIDES:
+        c, d = _side_checks(s)
+        checks += c
+        derived += d
+    first_error = pl.coalesce(*[pl.when(cond.fill_null(False)).then(msg) for cond, msg in checks])
+    checked = objects.with_columns(first_error.alias("message"), *derived)
+    item_errors = (checked.drop_nulls("message").sort("req", "item").group_by("req", maintain_order=True)
+                   .agg(pl.col("message").first()))
+    # a request's first error: request level, then a non-object element, then item order
+    answered: dict[int, str] = {}
+    for frame in (errors, not_object, item_errors):
+        for req, message in frame.select("req", "message").iter_rows():
+            answered.setdefault(req, message)
+    bad = pl.Series(list(answered), dtype=pl.Int64)
+    rows = checked.filter(~pl.col("req").is_in(bad.implode())).select(
+        "req", "item", "src_kind", "src_key", pl.col("src_prio_out").alias("src_prio"), "tgt_kind", "tgt_key",
+        pl.col("tgt_prio_out").alias("tgt_prio"), pl.col("src_source").alias("source"),
+        pl.col("tgt_source").alias("target"))
+    return answered, rows
