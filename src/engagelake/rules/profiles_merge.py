@@ -94,17 +94,20 @@ def merge_effects(state: State, edges: pl.DataFrame, fields: tuple[str, ...], cl
     prof = rows_of(state["profiles"], "service_id", forest["sid"])
     rows = contributes.join(prof, left_on="sid", right_on="service_id", how="inner").sort("root", "key")
     last_seq = edges.group_by("tgt").agg(pl.col("seq").max().alias("last_seq"))
+    # the explicit-language mark travels with the language it belongs to
+    carried = [*fields, *(["language_explicit"] if "language" in fields else [])]
     filled = rows.group_by("root", maintain_order=True).agg(
-        *[pl.col(f).drop_nulls().first().alias(f) for f in fields],
-        *([pl.col("language_explicit").filter(pl.col("language").is_not_null()).first()]
+        *[pl.col(f).drop_nulls().first().alias(f"{f}_m") for f in fields],
+        *([pl.col("language_explicit").filter(pl.col("language").is_not_null()).first().alias("language_explicit_m")]
           if "language" in fields else []))
     roots = forest.filter(pl.col("sid") == pl.col("root")).select("root")
     root_rows = (prof.join(roots, left_on="service_id", right_on="root", how="semi")
-                 .drop(*fields, *(["language_explicit"] if "language" in fields else []))
                  .join(filled, left_on="service_id", right_on="root", how="left")
                  .join(last_seq, left_on="service_id", right_on="tgt", how="left")
-                 .with_columns(pl.lit(clock).cast(prof.schema["updated_at"]).alias("updated_at"),
-                               pl.coalesce("last_seq", "update_seq").alias("update_seq")))
+                 .with_columns(*[pl.coalesce(f"{f}_m", f).alias(f) for f in carried],
+                               pl.lit(clock).cast(prof.schema["updated_at"]).alias("updated_at"),
+                               pl.coalesce("last_seq", "update_seq").alias("update_seq"))
+                 .drop(*[f"{f}_m" for f in carried], "last_seq"))
     # custom attributes: the first holder of each name in merge order
     attrs = rows_of(state["attributes"], "service_id", contributes["sid"]).join(contributes.select(pl.col("sid").alias("service_id"), "root", "key"),
                                      on="service_id").sort("root", "name", "key")
