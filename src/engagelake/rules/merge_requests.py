@@ -19,8 +19,8 @@ SIDES = {"src": "identifier_to_merge", "tgt": "identifier_to_keep"}
 KINDS = ("external_id", "user_alias", "service_id", "email", "phone")
 
 
-def _side_sql(s: str, field: str) -> str:
-    side = f"(e.value -> '{field}')"
+def _side_sql(s: str) -> str:
+    side = s
     cols = [f"json_type({side}) AS {s}_t", f"json_keys({side}) AS {s}_keys", f"{side}::VARCHAR AS {s}_json"]
     for k in ("external_id", "service_id", "email", "phone"):
         cols += [f"json_type({side}, '$.{k}') AS {s}_{k}_t", f"json_extract_string({side}, '$.{k}') AS {s}_{k}"]
@@ -40,11 +40,14 @@ def _frames(pending: list[tuple[int, str]]) -> tuple[pl.DataFrame, pl.DataFrame]
         con.sql("CREATE TEMP TABLE b AS SELECT req, body::JSON AS j FROM bodies")
         reqs = con.sql("SELECT req, json_type(j) AS t, json_type(j, '$.merge_updates') AS a_t, "
                        "json_array_length(j, '$.merge_updates') AS n FROM b").to_arrow_table()
+        # unnest (not json_each: ten times slower here) the elements beside their indexes
         items = con.sql(
-            "SELECT b.req, e.key::BIGINT AS item, json_type(e.value) AS e_t, "
-            f"{_side_sql('src', SIDES['src'])}, {_side_sql('tgt', SIDES['tgt'])} "
-            "FROM b, json_each(b.j -> 'merge_updates') e "
-            "WHERE json_type(b.j, '$.merge_updates') = 'ARRAY' ORDER BY b.req, item").to_arrow_table()
+            "WITH e AS (SELECT req, unnest(range(json_array_length(j, '$.merge_updates')::BIGINT)) AS item, "
+            "unnest(json_extract(j, '$.merge_updates[*]')) AS v FROM b WHERE json_type(j, '$.merge_updates') = 'ARRAY'), "
+            "f AS (SELECT req, item, json_type(v) AS e_t, v -> 'identifier_to_merge' AS src, "
+            "v -> 'identifier_to_keep' AS tgt FROM e) "
+            f"SELECT req, item, e_t, {_side_sql('src')}, {_side_sql('tgt')} FROM f ORDER BY req, item"
+        ).to_arrow_table()
     finally:
         con.close()
     r, i = pl.from_arrow(reqs), pl.from_arrow(items)
