@@ -17,7 +17,7 @@ from engagelake.cli import app
 pytest_plugins = ["tests.prefect_harness"]
 
 runner = CliRunner()
-COMMANDS = ("demo", "apply", "export", "sql")
+COMMANDS = ("demo", "apply", "export", "sql", "lineage", "compact")
 HEAVY_MODULES = (
     "polars",
     "duckdb",
@@ -238,3 +238,44 @@ def test_apply_a_broken_file_is_a_red_error(tmp_path: Path) -> None:
 
     assert result.exit_code == 1
     assert "broken.ndjson line 1: 'path' must be a string" in result.stderr
+
+
+def test_lineage_shows_merges_renames_and_skips(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    ws = Workspace.open(store)
+    ws.call("POST", "/users/track", {"attributes": [{"external_id": "a"}, {"external_id": "b"}]})
+    ws.call("POST", "/users/merge", {"merge_updates": [
+        {"identifier_to_merge": {"external_id": "a"}, "identifier_to_keep": {"external_id": "b"}},
+        {"identifier_to_merge": {"external_id": "ghost"}, "identifier_to_keep": {"external_id": "b"}}]})
+    ws.call("POST", "/users/external_ids/rename", {"external_id_renames": [
+        {"current_external_id": "b", "new_external_id": "b2"}]})
+
+    result = CliRunner(env={"COLUMNS": "250"}).invoke(app, ["lineage", "a", "--store", str(store)])
+
+    assert result.exit_code == 0, result.output
+    rows = [line for line in result.output.splitlines() if line.startswith("│")]
+    assert [r.split("│")[1].strip() for r in rows] == ["merge", "merge", "rename"]
+    assert "unresolvable: identifier_to_merge" in result.output
+
+
+def test_lineage_of_an_unknown_identifier_says_so(tmp_path: Path) -> None:
+    Workspace.open(tmp_path / "store")
+    result = runner.invoke(app, ["lineage", "nobody", "--store", str(tmp_path / "store")])
+    assert result.exit_code == 0
+    assert "no lineage for external_id 'nobody'" in result.output
+
+
+def test_lineage_with_a_bad_kind_is_a_red_error(tmp_path: Path) -> None:
+    Workspace.open(tmp_path / "store")
+    result = runner.invoke(app, ["lineage", "x", "--kind", "shoe", "--store", str(tmp_path / "store")])
+    assert result.exit_code == 1
+    assert "kind must be one of" in result.output
+
+
+def test_compact_prints_the_rows_kept(tmp_path: Path) -> None:
+    ws = Workspace.open(tmp_path / "store")
+    ws.call("POST", "/users/track", {"attributes": [{"external_id": "a"}, {"external_id": "b"}]})
+    ws.call("POST", "/users/delete", {"external_ids": ["a"]})
+    result = runner.invoke(app, ["compact", "--store", str(tmp_path / "store")])
+    assert result.exit_code == 0, result.output
+    assert "profiles 1" in result.output

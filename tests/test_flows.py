@@ -14,11 +14,12 @@ from prefect.states import Failed
 
 from engagelake import Workspace
 from engagelake.demo import count_objects, generate_workload, write_request_files
+from engagelake.errors import ConfigError
 from engagelake.files import RequestFileError, read_request_file, read_responses_file
 from engagelake.rules.messages import EXPORT_FIELDS
 from flows._retry import is_transient_io_error
 from flows.export_batch import export_all, export_batch
-from flows.track_batch import track_batch
+from flows.track_batch import compact_store, identify_batch, merge_batch, track_batch
 
 pytest_plugins = ["tests.prefect_harness"]
 pytestmark = pytest.mark.usefixtures("prefect_harness")
@@ -250,3 +251,80 @@ def test_export_all_writes_every_user(tracked_store: Path, tmp_path: Path) -> No
     )
     frame = pl.read_parquet(tmp_path / "all" / "users.parquet")
     assert frame.columns == ["external_id", "custom_attributes"]
+
+
+# --- identity flows ---------------------------------------------------------------------------
+def write_ndjson(path: Path, requests: list[dict[str, Any]]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in requests))
+    return path
+
+
+def merge_request(pairs: list[tuple[str, str]]) -> dict[str, Any]:
+    return {"method": "POST", "path": "/users/merge", "body": {"merge_updates": [
+        {"identifier_to_merge": {"external_id": a}, "identifier_to_keep": {"external_id": b}} for a, b in pairs]}}
+
+
+def external_ids(store: Path) -> list[str]:
+    return sorted(Workspace.open(store).table("external_ids")["external_id"].to_list())
+
+
+@pytest.fixture
+def four_users(tmp_path: Path) -> Path:
+    store = tmp_path / "store"
+    users = [{"external_id": f"u{i}", "n": i} for i in range(4)]
+    Workspace.open(store).call("POST", TRACK, {"attributes": users})
+    return store
+
+
+def test_merge_batch_applies_merge_files_and_is_safe_to_rerun(tmp_path: Path, four_users: Path) -> None:
+    write_ndjson(tmp_path / "merges" / "001.ndjson", [merge_request([("u0", "u1"), ("u1", "u2")])])
+    [applied] = merge_batch(str(tmp_path / "merges"), str(four_users))
+    assert applied.statuses == {202: 1}
+    assert external_ids(four_users) == ["u2", "u3"]
+    before = store_files(four_users)
+    merge_batch(str(tmp_path / "merges"), str(four_users))  # the same file again: nothing changes
+    assert store_files(four_users) == before
+
+
+def test_merge_batch_refuses_a_file_with_other_endpoints(tmp_path: Path, four_users: Path) -> None:
+    track = {"method": "POST", "path": TRACK, "body": {"attributes": [{"external_id": "x"}]}}
+    write_ndjson(tmp_path / "merges" / "001.ndjson", [merge_request([("u0", "u1")]), track])
+    with pytest.raises(ConfigError, match="request 1 goes to /users/track"):
+        merge_batch(str(tmp_path / "merges"), str(four_users))
+    assert external_ids(four_users) == ["u0", "u1", "u2", "u3"]  # nothing of the file applied
+
+
+def test_identify_batch_identifies_alias_only_profiles(tmp_path: Path, four_users: Path) -> None:
+    Workspace.open(four_users).call("POST", "/users/alias/new", {"user_aliases": [
+        {"alias_name": "a1", "alias_label": "crm"}]})
+    identify = {"method": "POST", "path": "/users/identify", "body": {"aliases_to_identify": [
+        {"external_id": "new-1", "user_alias": {"alias_name": "a1", "alias_label": "crm"}}]}}
+    write_ndjson(tmp_path / "identify" / "001.ndjson", [identify])
+    [applied] = identify_batch(str(tmp_path / "identify"), str(four_users))
+    assert applied.statuses == {200: 1}
+    assert "new-1" in external_ids(four_users)
+
+
+def test_track_batch_applies_files_that_mix_every_user_endpoint(tmp_path: Path, four_users: Path) -> None:
+    mixed = [
+        merge_request([("u0", "u1")]),
+        {"method": "POST", "path": TRACK, "body": {"attributes": [{"external_id": "u0", "n": 9}]}},
+        {"method": "POST", "path": "/users/external_ids/rename",
+         "body": {"external_id_renames": [{"current_external_id": "u2", "new_external_id": "u2b"}]}},
+        {"method": "POST", "path": "/users/delete", "body": {"external_ids": ["u3"]}},
+    ]
+    write_ndjson(tmp_path / "mixed" / "001.ndjson", mixed)
+    [applied] = track_batch(str(tmp_path / "mixed"), str(four_users))
+    assert applied.statuses == {202: 1, 201: 1, 200: 2}
+    # u0 was merged away, so the track created a new u0; u2 renamed (u2 deprecated); u3 deleted
+    assert external_ids(four_users) == ["u0", "u1", "u2", "u2b"]
+
+
+def test_compact_store_keeps_the_content(four_users: Path) -> None:
+    ws = Workspace.open(four_users)
+    ws.call("POST", "/users/delete", {"external_ids": ["u3"]})
+    before = ws.export_users(["external_id", "custom_attributes"])
+    kept = compact_store(str(four_users))
+    assert kept["profiles"] == 3
+    assert Workspace.open(four_users).export_users(["external_id", "custom_attributes"]) == before
