@@ -13,7 +13,7 @@ import pytest
 from tests.helpers import NOW, SEED, open_ws
 
 from engagelake import Response, Workspace
-from engagelake.errors import ConfigError
+from engagelake.errors import ConfigError, RequestError
 from engagelake.resources import campaigns as C
 
 DATA = Path(__file__).parent / "data" / "campaigns.json"
@@ -97,7 +97,7 @@ def test_each_campaign_answers_its_own_translations(loaded):
 
 def test_library_translations_returns_the_list_or_raises_with_the_codes(loaded):
     assert loaded.campaigns.translations(CAMPAIGN, VARIANT_A) == VARIANT_A_TRANSLATIONS
-    with pytest.raises(ConfigError, match="GET /campaigns/translations answered 400: UNSUPPORTED_CHANNEL"):
+    with pytest.raises(RequestError, match="GET /campaigns/translations answered 400: UNSUPPORTED_CHANNEL"):
         loaded.campaigns.translations(CAMPAIGN, PUSH)
 
 

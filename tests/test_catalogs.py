@@ -12,7 +12,7 @@ from polars.testing import assert_frame_equal
 from tests.helpers import NOW, SEED, open_ws
 
 from engagelake import Response, Workspace
-from engagelake.errors import ConfigError
+from engagelake.errors import ConfigError, RequestError
 from engagelake.resources.catalogs import CREATE_ERRORS, ITEM_ERRORS
 
 CAT = "restaurants"
@@ -147,7 +147,7 @@ def test_library_create_adds_the_id_field_and_raises_on_errors(tmp_path):
     assert out == {"name": "shoes", "description": "Shoes", "num_items": 0, "updated_at": STAMP, "fields": [
         {"name": "id", "type": "string"}, {"name": "size", "type": "number"}, {"name": "colour", "type": "string"}]}
     assert w.catalogs.definitions() == [out]
-    with pytest.raises(ConfigError, match=r"POST /catalogs answered 400: catalog-name-already-exists \(name='shoes'\)"):
+    with pytest.raises(RequestError, match=r"POST /catalogs answered 400: catalog-name-already-exists \(name='shoes'\)"):
         w.catalogs.create("shoes", [{"name": "size", "type": "number"}])
 
 
@@ -338,10 +338,10 @@ def test_round_trip_define_upsert_query_replace_delete(tmp_path):
 
 
 def test_library_item_methods_raise_with_the_error_ids(ws):
-    with pytest.raises(ConfigError, match=r"PUT /catalogs/restaurants/items answered 400: invalid-ids \(id='a b'\); "
+    with pytest.raises(RequestError, match=r"PUT /catalogs/restaurants/items answered 400: invalid-ids \(id='a b'\); "
                                           r"unable-to-coerce-value \(Rating='a b'\)"):
         ws.catalogs.replace_items(CAT, [{"id": "a b", "Rating": "x"}])
-    with pytest.raises(ConfigError, match=r"answered 404: catalog-not-found \(catalog_name='nope'\)"):
+    with pytest.raises(RequestError, match=r"answered 404: catalog-not-found \(catalog_name='nope'\)"):
         ws.catalogs.delete_items("nope", ["a"])
     with pytest.raises(ConfigError, match=r"no catalog named 'nope'; catalogs: restaurants"):
         ws.catalogs.items("nope")

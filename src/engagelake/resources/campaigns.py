@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 import polars as pl
 
-from engagelake.errors import ConfigError
+from engagelake.errors import ConfigError, RequestError
 from engagelake.routing import Context, Handler, Request, Response
 from engagelake.rules.state import Changes, State
 
@@ -312,11 +312,12 @@ class Campaigns:
         self.put({"multi_language": {"enabled": enabled, "locales": [dict(loc) for loc in locales or []]}})
 
     def translations(self, campaign_id: str, message_variation_id: str) -> list[dict[str, Any]]:
-        """The message's translations (`GET /campaigns/translations`); ConfigError with the codes
-        when the API answers 400."""
+        """The message's translations (`GET /campaigns/translations`); RequestError with the
+        codes when the API answers 400."""
         query = {"campaign_id": campaign_id, "message_variation_id": message_variation_id}
         response = self.ws.call("GET", "/campaigns/translations", query=query)
         if response.status != 200:
             codes = ", ".join(e["message"] for e in response.body.get("errors", []))
-            raise ConfigError(TRANSLATIONS_FAILED.format(status=response.status, codes=codes))
+            raise RequestError(TRANSLATIONS_FAILED.format(status=response.status, codes=codes), response.status,
+                               response.body)
         return list(response.body["translations"])

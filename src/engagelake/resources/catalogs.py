@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 import polars as pl
 
-from engagelake.errors import ConfigError
+from engagelake.errors import ConfigError, RequestError
 from engagelake.routing import Context, Handler, Request, Response
 from engagelake.rules.state import Changes, State
 
@@ -422,13 +422,13 @@ def describe_error(error: Mapping[str, Any]) -> str:
 
 
 def raise_for_response(method: str, path: str, response: Response) -> Any:
-    """The body of a successful answer; a ConfigError naming every error otherwise."""
+    """The body of a successful answer; a RequestError naming every error otherwise."""
     if response.status < 400:
         return response.body
     body = response.body if isinstance(response.body, dict) else {}
     details = "; ".join(describe_error(e) for e in body.get("errors", [])) or str(response.body)
-    raise ConfigError(REQUEST_FAILED.format(method=method, path=path, status=response.status,
-                                            details=details))
+    raise RequestError(REQUEST_FAILED.format(method=method, path=path, status=response.status, details=details),
+                       response.status, response.body)
 
 
 POLARS_TYPES: dict[str, pl.DataType] = {

@@ -32,7 +32,7 @@ from liquid.stream import TokenStream
 from liquid.tag import Tag
 from liquid.token import TOKEN_EXPRESSION, TOKEN_TAG, Token
 
-from engagelake.errors import EngagelakeError
+from engagelake.errors import RequestError
 from engagelake.routing import Context, Handler, Request, Response
 from engagelake.rules.state import Changes
 
@@ -92,13 +92,11 @@ ERR_FORM_TAG = "form_field_name expects ':subscription_group <subscription_group
 ERR_TRACK = "the submit could not be applied: {errors}"  # 400
 
 
-class PreferenceCenterError(EngagelakeError):
+class PreferenceCenterError(RequestError):
     """A preference center request answered with an error: its API status and body."""
 
     def __init__(self, status: int, body: Any):
-        super().__init__(f"{status}: {body}")
-        self.status = status
-        self.body = body
+        super().__init__(f"{status}: {body}", status, body)
 
 
 class _Refused(Exception):

@@ -20,7 +20,7 @@ import orjson
 import polars as pl
 import yaml
 
-from engagelake.errors import ConfigError, EngagelakeError
+from engagelake.errors import ConfigError, RequestError
 from engagelake.routing import Context, Handler, Request, Response
 from engagelake.rules.formats import EMAIL_MAX, EMAIL_RE
 from engagelake.rules.state import Changes, State
@@ -75,13 +75,11 @@ DIRECTORY_DUPLICATE_NAME = "directory: two {plural} are named {name}{scope}; nam
 DIRECTORY_BAD_ROLE = "directory roles[{index}] ({name}): {detail}"
 
 
-class ScimError(EngagelakeError):
+class ScimError(RequestError):
     """A SCIM request answered with an error; `status` and `body` are the SCIM error response."""
 
     def __init__(self, response: Response):
-        self.status = response.status
-        self.body = response.body
-        super().__init__(f"{response.status}: {response.body['detail']}")
+        super().__init__(f"{response.status}: {response.body['detail']}", response.status, response.body)
 
 
 class _Refused(Exception):
