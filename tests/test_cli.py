@@ -64,16 +64,19 @@ def test_demo_generates_applies_and_summarizes(demo_run: tuple[Path, str]) -> No
     root, output = demo_run
 
     ws = Workspace.open(root / "store")
-    assert ws.table("profiles").height == 200
+    # user-000051 went into user-000050 and user-000151 into user-000150 (merge_batch flow)
+    assert ws.table("profiles").height == 198
+    assert set(ws.table("merges")["outcome"]) == {"applied"} and ws.table("merges").height == 2
+    assert "Lineage: engagelake lineage user-000050" in output
     events, purchases = ws.table("events").height, ws.table("purchases").height
     assert 0 < events and 0 < purchases
     summary = output[output.index("engagelake demo") :]
-    for label, value in (("users", 200), ("events", events), ("purchases", purchases)):
+    for label, value in (("users", 198), ("events", events), ("purchases", purchases)):
         assert label in summary and f"{value:,}" in summary
     assert "objects/s" in summary
     requests = sorted((root / "requests").glob("requests-*.ndjson"))
     assert len([p for p in requests if not p.name.endswith(".responses.ndjson")]) == 3
-    sample = orjson.loads(output[output.index("{", output.index("Sample export")) :])
+    sample = orjson.loads(output[output.index("{", output.index("Sample export")) : output.index("Lineage:")])
     assert [u["external_id"] for u in sample["users"]] == [
         "user-000000",
         "user-000001",
@@ -91,7 +94,7 @@ def test_sql_prints_a_table(demo_run: tuple[Path, str]) -> None:
     )
 
     assert result.exit_code == 0, result.output
-    assert "profile_count" in result.stdout and "200" in result.stdout
+    assert "profile_count" in result.stdout and "198" in result.stdout
 
 
 def test_sql_limits_rows(demo_run: tuple[Path, str]) -> None:
@@ -103,7 +106,7 @@ def test_sql_limits_rows(demo_run: tuple[Path, str]) -> None:
     )
 
     assert result.exit_code == 0, result.output
-    assert "195 more rows" in result.stdout
+    assert "193 more rows" in result.stdout
 
 
 def test_a_bad_query_is_a_red_one_line_error(demo_run: tuple[Path, str]) -> None:
@@ -161,9 +164,9 @@ def test_export_all_writes_both_files(demo_run: tuple[Path, str], tmp_path: Path
     )
 
     assert result.exit_code == 0, result.output
-    assert "wrote 200 users" in result.stdout
-    assert len((tmp_path / "users.ndjson").read_bytes().splitlines()) == 200
-    assert pl.read_parquet(tmp_path / "users.parquet").height == 200
+    assert "wrote 198 users" in result.stdout
+    assert len((tmp_path / "users.ndjson").read_bytes().splitlines()) == 198
+    assert pl.read_parquet(tmp_path / "users.parquet").height == 198
 
 
 @pytest.mark.parametrize(

@@ -72,9 +72,10 @@ def demo(
         int, typer.Option(min=1, help="Requests per request file (one batch per file).")
     ] = 1000,
 ) -> None:
-    """Generate a /users/track workload, apply it with the track_batch flow, show the result.
+    """Generate a /users/track workload, apply it with the track_batch flow, merge duplicates with
+    the merge_batch flow, show the result.
 
-    The workload is written to --requests-dir as NDJSON request files and applied to --store, one batch per file; then a summary (users, events, purchases, throughput) and a sample export of 3 users are printed.
+    The workload is written to --requests-dir as NDJSON request files and applied to --store, one batch per file; then one user in a hundred is merged into its neighbour (a merge request file beside the requests, applied by merge_batch); then a summary (users, events, purchases, throughput), a sample export of 3 users and the lineage of one merged user are printed.
 
     Re-running on the same day with the same options applies nothing twice: each file is an idempotent batch.
     """
@@ -87,9 +88,12 @@ def demo(
         )
         from engagelake import Workspace
 
+        merged = _merge_duplicates(users, store, requests_dir.parent / "merges")
         workspace = Workspace.open(store)
         _print_summary(workspace, len(paths), sum(file_objects), seconds)
         _print_sample(workspace)
+        if merged:
+            _print_lineage(workspace, merged[0])
 
 
 @app.command("apply")
@@ -315,6 +319,35 @@ def _apply_with_flow(
         progress.advance(task, objects_by_file.get(applied.path, 0))
 
     return track_batch(str(folder), store, on_file_applied=advance)
+
+
+def _merge_duplicates(users: int, store: str, folder: Path) -> list[str]:
+    """Merge user-(i+51) into user-(i+50) for every hundred users, with the merge_batch flow;
+    return the external IDs kept."""
+    import orjson
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from flows.track_batch import merge_batch
+
+    pairs = [(f"user-{i + 51:06d}", f"user-{i + 50:06d}") for i in range(0, users - 51, 100)]
+    if not pairs:
+        return []
+    folder.mkdir(parents=True, exist_ok=True)
+    updates = [{"identifier_to_merge": {"external_id": a}, "identifier_to_keep": {"external_id": b}} for a, b in pairs]
+    requests = [{"method": "POST", "path": "/users/merge", "body": {"merge_updates": updates[i:i + 50]}}
+                for i in range(0, len(updates), 50)]
+    (folder / "merges-000.ndjson").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in requests))
+    columns = (TextColumn("{task.description:<28}"), SpinnerColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=_console()) as progress:
+        progress.add_task(f"Merging {len(pairs):,} duplicates (merge_batch flow)", total=None)
+        merge_batch(str(folder), store)
+    return [keep for _, keep in pairs]
+
+
+def _print_lineage(workspace: Workspace, external_id: str) -> None:
+    rows = workspace.lineage(external_id)
+    _console().print(f"\nLineage: engagelake lineage {external_id}")
+    _print_frame(rows.select("kind", "outcome", "source", "target", "source_sid", "target_sid"), 10)
 
 
 def _remove_demo_files(folder: Path) -> None:
