@@ -56,26 +56,23 @@ class Run:
             pl.lit(self.kind).alias("kind"), *exprs, pl.lit(self.clock).alias("at"))
 
 
-def _parse(kind: str, body: Any) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Item rows of one request and request options, or raise R.Invalid."""
-    if kind == "identify":
-        rows, behavior = R.identify_items(body)
-        return rows, {"merge_behavior": behavior}
+def _parse(kind: str, body: Any) -> list[dict[str, Any]]:
+    """Item rows of one request, or raise R.Invalid."""
     parsers: dict[str, Callable[[Any], list[dict[str, Any]]]] = {
         "rename": R.rename_items, "remove": R.remove_items,
         "alias_new": R.alias_new_items, "alias_update": R.alias_update_items, "delete": R.delete_items,
     }
-    return parsers[kind](body), {}
+    return parsers[kind](body)
 
 
 def apply_identity(state: State, kind: str, pending: list[tuple[int, str]], *, clock: datetime, seed: str,
                    batch: str) -> IdentityOutcome:
     """Apply a run of requests of one identity endpoint; `pending` is (batch index, body JSON)."""
     out = IdentityOutcome(next_update_seq=state.next_update_seq, next_profile_n=state.next_profile_n)
-    if kind == "merge":  # the bulk endpoint: checked and flattened for the whole run at once
-        from engagelake.rules.merge_requests import parse_merges
+    if kind in ("merge", "identify"):  # the bulk endpoints: checked and flattened for the whole run at once
+        from engagelake.rules.bulk_requests import parse_identifies, parse_merges
 
-        answered, frame = parse_merges(pending)
+        answered, frame = (parse_merges if kind == "merge" else parse_identifies)(pending)
         for req, message in answered.items():
             out.responses[req] = (400, {"message": message})
         valid = [req for req, _ in pending if req not in answered]
@@ -83,12 +80,12 @@ def apply_identity(state: State, kind: str, pending: list[tuple[int, str]], *, c
         valid, rows = [], []
         for req, text in pending:
             try:
-                parsed, options = _parse(kind, orjson.loads(text))
+                parsed = _parse(kind, orjson.loads(text))
             except R.Invalid as bad:
                 out.responses[req] = (400, {"message": str(bad)})
                 continue
             valid.append(req)
-            rows += [{**row, **options, "req": req} for row in parsed]
+            rows += [{**row, "req": req} for row in parsed]
         frame = pl.DataFrame(rows, infer_schema_length=None) if rows else pl.DataFrame()
     if not valid:
         return out

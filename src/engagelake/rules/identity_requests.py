@@ -1,25 +1,22 @@
-"""Validate identity request bodies and flatten them into item rows.
+"""Validate the bodies of the small identity endpoints (rename, remove, alias new/update,
+delete) and flatten them into item rows.
 
-A request carries at most 50 items, so each body is checked with plain Python as it is decoded
-(like JSON parsing); every rule that reads the store then runs over all items of a run at once.
+These requests carry at most 50 small items and rarely come in bulk, so each body is checked with
+plain Python as it is decoded; the bulk endpoints (merge, identify) are checked as whole runs in
+`bulk_requests`. Every rule that reads the store then runs over all items of a run at once.
 A request with any invalid part raises `Invalid` with its 400 message: nothing of it applies.
 """
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import orjson
 
-from engagelake.rules import formats as F
 from engagelake.rules import messages as M
 
 ALIAS_SEP = "\x1f"  # joins alias_label and alias_name into one key
 MAX_ITEMS = 50
-_EMAIL = re.compile(F.EMAIL_RE)
-_PHONE = re.compile(F.PHONE_RE)
-_SEPARATORS = re.compile(F.PHONE_SEPARATORS_RE)
 
 
 class Invalid(Exception):
@@ -32,20 +29,6 @@ def _text(value: Any) -> bool:
 
 def _json(value: Any) -> str:
     return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
-
-
-def normalize_email(value: Any) -> str | None:
-    if not isinstance(value, str):
-        return None
-    e = value.strip().lower()
-    return e if _EMAIL.match(e) and len(e) <= F.EMAIL_MAX else None
-
-
-def normalize_phone(value: Any) -> str | None:
-    if not isinstance(value, str):
-        return None
-    p = _SEPARATORS.sub("", value)
-    return (p if p.startswith("+") else "+" + p) if _PHONE.match(p) else None
 
 
 def alias_key(alias: Any) -> str | None:
@@ -79,73 +62,6 @@ def _checked_list(body: Any, field: str) -> list[dict[str, Any]]:
         if not isinstance(item, dict):
             raise Invalid(M.ITEM_NOT_OBJECT.format(field=field, index=i))
     return items
-
-
-def _prioritization(where: str, value: Any) -> list[str]:
-    if not isinstance(value, list) or not value or any(v not in M.PRIORITIZATION_VALUES for v in value):
-        raise Invalid(M.PRIORITIZATION.format(where=where))
-    if "identified" in value and "unidentified" in value:
-        raise Invalid(M.PRIORITIZATION_BOTH.format(where=where))
-    return list(value)
-
-
-def identifier(where: str, ident: Any) -> tuple[str, str, list[str] | None]:
-    """(kind, key, prioritization) of a merge identifier, or raise Invalid."""
-    kinds = [k for k in M.IDENTIFIER_FIELDS if k in ident]
-    if len(kinds) != 1:
-        raise Invalid(M.IDENTIFIER_ONE_OF.format(where=where))
-    kind = kinds[0]
-    value = ident[kind]
-    key: str | None
-    if kind in ("external_id", "service_id"):
-        key = value if _text(value) else None
-        error = M.ERR_EXTERNAL_ID if kind == "external_id" else M.ERR_SERVICE_ID
-    elif kind == "user_alias":
-        key, error = alias_key(value), M.ERR_USER_ALIAS
-    elif kind == "email":
-        key, error = normalize_email(value), M.ERR_EMAIL
-    else:
-        key, error = normalize_phone(value), M.ERR_PHONE
-    if key is None:
-        raise Invalid(M.IDENTIFIER_INVALID.format(where=where, error=error))
-    prio = _prioritization(where, ident.get("prioritization")) if kind in ("email", "phone") else None
-    return kind, key, prio
-
-
-IDENTIFY_ARRAYS = (
-    ("aliases_to_identify", "user_alias"), ("emails_to_identify", "email"), ("phone_numbers_to_identify", "phone"),
-)
-
-
-def identify_items(body: Any) -> tuple[list[dict[str, Any]], str]:
-    """(one row per element in the order aliases, emails, phones; merge_behavior)."""
-    if not isinstance(body, dict):
-        raise Invalid(M.BODY_NOT_OBJECT)
-    if all(field not in body for field, _ in IDENTIFY_ARRAYS):  # a key holding null is present
-        raise Invalid(M.IDENTIFY_NO_ARRAYS)
-    lists = {field: _items(body, field, required=False) for field, _ in IDENTIFY_ARRAYS}
-    if sum(len(v) for v in lists.values()) > MAX_ITEMS:
-        raise Invalid(M.IDENTIFY_TOO_MANY)
-    behavior = body.get("merge_behavior", "none")
-    if behavior not in ("none", "merge"):
-        raise Invalid(M.IDENTIFY_MERGE_BEHAVIOR)
-    rows = []
-    for field, kind in IDENTIFY_ARRAYS:
-        for i, element in enumerate(lists[field]):
-            where = f"{field}[{i}]"
-            if not isinstance(element, dict):
-                raise Invalid(M.ITEM_NOT_OBJECT.format(field=field, index=i))
-            ext = element.get("external_id")
-            if not _text(ext):
-                raise Invalid(M.IDENTIFY_EXTERNAL_ID.format(where=where))
-            if blocked(str(ext)):
-                raise Invalid(M.IDENTIFY_BLOCKED.format(where=where))
-            _, key, prio = identifier(where, {kind: element.get(kind), **(
-                {"prioritization": element.get("prioritization")} if kind != "user_alias" else {})})
-            rows.append({"item": i, "array": field, "src_kind": kind, "src_key": key, "src_prio": prio,
-                         "external_id": ext, "source": _json({kind: element.get(kind)}),
-                         "target": _json({"external_id": ext})})
-    return rows, behavior
 
 
 def rename_items(body: Any) -> list[dict[str, Any]]:
