@@ -252,8 +252,9 @@ def lineage(
     if rows.height == 0:
         _console().print(f"no lineage for {kind} {identifier!r}")
         return
-    _print_frame(rows.select("kind", "rule", "outcome", "reason", "source", "target", "source_sid", "target_sid"),
-                 limit)
+    from engagelake.rules.lineage import describe
+
+    _print_frame(describe(rows), limit)
 
 
 @app.command()
@@ -347,7 +348,9 @@ def _merge_duplicates(users: int, store: str, folder: Path) -> list[str]:
 def _print_lineage(workspace: Workspace, external_id: str) -> None:
     rows = workspace.lineage(external_id)
     _console().print(f"\nLineage: engagelake lineage {external_id}")
-    _print_frame(rows.select("kind", "outcome", "source", "target", "source_sid", "target_sid"), 10)
+    from engagelake.rules.lineage import describe
+
+    _print_frame(describe(rows), 10)
 
 
 def _remove_demo_files(folder: Path) -> None:

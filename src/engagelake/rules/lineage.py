@@ -51,3 +51,21 @@ def _current_owners(state: State, kind: str, identifier: str) -> list[str]:
     return state["profiles"].filter(pl.col(kind) == identifier)["service_id"].to_list()
 
 
+
+
+def _identifier_text(col: str) -> pl.Expr:
+    """`{"external_id": "u1"}` -> `u1`; aliases as `label:name`; email/phone/service_id with
+    their kind; anything else as sent."""
+    c = pl.col(col)
+    alias = c.str.json_path_match("$.user_alias.alias_label") + ":" + c.str.json_path_match("$.user_alias.alias_name")
+    return pl.coalesce(
+        c.str.json_path_match("$.external_id"), alias,
+        *[pl.lit(f"{k} ") + c.str.json_path_match(f"$.{k}") for k in ("email", "phone", "service_id")], c)
+
+
+def describe(rows: pl.DataFrame) -> pl.DataFrame:
+    """Lineage rows shaped for people: identifiers as text, service IDs shortened."""
+    return rows.select(
+        "kind", "outcome", _identifier_text("source").alias("from"), _identifier_text("target").alias("to"),
+        pl.col("reason").fill_null(""), pl.col("source_sid").str.slice(0, 8).alias("from_sid"),
+        pl.col("target_sid").str.slice(0, 8).alias("to_sid"))
