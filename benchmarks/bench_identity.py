@@ -27,10 +27,20 @@ from engagelake import Workspace
 TARGET_MERGE_S = 5.0
 
 
-def chains(users: int, updates: int, rng: np.random.Generator) -> list[list[int]]:
-    """Disjoint chains of user numbers, lengths 1..5 merges, `updates` merges in all."""
+def survivors_of(groups: list[list[int]], users: int) -> np.ndarray:
+    """User numbers not merged away by `groups` (each chain keeps its last user)."""
+    gone = np.array([u for chain in groups for u in chain[:-1]], dtype=np.int64)
+    return np.setdiff1d(np.arange(users), gone)
+
+
+def chains(users: int, updates: int, rng: np.random.Generator, *, pool: np.ndarray | None = None
+           ) -> list[list[int]]:
+    """Disjoint chains of user numbers, lengths 1..5 merges, `updates` merges in all, drawn from
+    0..users-1 or from `pool` (the users still there)."""
+    pool = np.arange(users) if pool is None else pool
+    users = len(pool)
     out, used, start = [], 0, int(rng.integers(0, max(1, users // 10)))
-    order = rng.permutation(users)
+    order = pool[rng.permutation(users)]
     while used < updates:
         k = min(int(rng.integers(1, 6)), updates - used)
         if start + k + 1 > users:
@@ -41,11 +51,17 @@ def chains(users: int, updates: int, rng: np.random.Generator) -> list[list[int]
     return out
 
 
-def merge_requests(groups: list[list[int]]) -> list[dict[str, Any]]:
+def merge_requests(groups: list[list[int]], *, by_email: bool = False) -> list[dict[str, Any]]:
+    """Merge updates along each chain, by external ID or by email (`most_recently_updated`)."""
+    def ident(name: str) -> dict[str, Any]:
+        if by_email:  # the store's users have the email <external_id>@example.com
+            return {"email": f"{name}@example.com", "prioritization": ["identified", "most_recently_updated"]}
+        return {"external_id": name}
+
     updates = []
     for chain in groups:
         names = ext_ids(np.array(chain))
-        updates += [{"identifier_to_merge": {"external_id": a}, "identifier_to_keep": {"external_id": b}}
+        updates += [{"identifier_to_merge": ident(a), "identifier_to_keep": ident(b)}
                     for a, b in zip(names, names[1:], strict=False)]
     return [{"method": "POST", "path": "/users/merge", "body": {"merge_updates": updates[i:i + 50]}}
             for i in range(0, len(updates), 50)]
@@ -63,6 +79,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--users", type=int, default=1_000_000)
     ap.add_argument("--merges", type=int, default=100_000)
+    ap.add_argument("--email-merges", type=int, default=100_000, help="merge updates identified by email")
     ap.add_argument("--identifies", type=int, default=100_000)
     ap.add_argument("--store", type=Path, default=None, help="store folder (default: a temporary one)")
     args = ap.parse_args()
@@ -83,6 +100,16 @@ def main() -> None:
                   f"peak RSS {mib(peak)}; statuses {codes}; profiles {before:,} -> {after:,} "
                   f"({'ok' if before - after == args.merges else 'UNEXPECTED'})")
 
+    # the same shape by email: candidates, prioritization and recency as of each update
+    email_groups = chains(after, args.email_merges, np.random.default_rng(9), pool=survivors_of(groups, args.users))
+    requests = merge_requests(email_groups, by_email=True)
+    before = after
+    seconds, peak, codes = timed(ws, requests)
+    after = ws.table("profiles").height
+    console.print(f"P4 merge by email: {args.email_merges:,} updates in {len(email_groups):,} chains: {seconds:.2f} s "
+                  f"({args.email_merges / seconds:,.0f} updates/s); peak RSS {mib(peak)}; statuses {codes}; "
+                  f"profiles {before:,} -> {after:,} ({'ok' if before - after == args.email_merges else 'UNEXPECTED'})")
+
     n = args.identifies
     aliases = [{"alias_name": f"anon-{i}", "alias_label": "bench"} for i in range(n)]
     new_reqs = [{"method": "POST", "path": "/users/alias/new", "body": {"user_aliases": aliases[i:i + 50]}}
@@ -91,8 +118,9 @@ def main() -> None:
     console.print(f"alias/new: {n:,} alias-only profiles: {seconds:.2f} s ({n / seconds:,.0f}/s), "
                   f"peak RSS {mib(peak)}, statuses {codes}")
 
-    survivors = [c[-1] for c in groups]  # existing users that are still there
-    targets = ext_ids(np.array(survivors[: n // 2]))
+    gone = [u for chain in email_groups for u in chain[:-1]]
+    survivors = np.setdiff1d(survivors_of(groups, args.users), np.array(gone, dtype=np.int64))  # still there
+    targets = ext_ids(survivors[: n // 2])
     elements = [{"external_id": targets[i] if i < len(targets) else f"fresh-{i}",
                  "user_alias": {"alias_name": f"anon-{i}", "alias_label": "bench"}} for i in range(n)]
     id_reqs = [{"method": "POST", "path": "/users/identify",
