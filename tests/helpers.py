@@ -159,3 +159,51 @@ def group_states(ws: Workspace, group_id: str) -> dict[str, str]:
     df = ws.table("subscriptions")
     rows = df.filter(df["group_id"] == group_id).select("service_id", "state").rows()
     return dict(rows)
+
+
+# --- identity endpoint tests --------------------------------------------------------------------
+USER_STATE_TABLES = (
+    "profiles", "external_ids", "aliases", "attributes", "subscriptions", "push_tokens", "events", "purchases",
+)
+
+
+def post(path: str, body: Any) -> dict[str, Any]:
+    """One request of a batch for `ws.apply`."""
+    return {"method": "POST", "path": path, "body": body}
+
+
+def base(n: int, external_id: str | None = None, **fields: Any) -> dict[str, Any]:
+    """The exported user for the n-th profile created: its fixed fields plus `fields`."""
+    sid = service_id(n)
+    user = {"created_at": ts(NOW), "service_id": sid, "random_bucket": random_bucket(sid), **fields}
+    if external_id is not None:
+        user["external_id"] = external_id
+    return user
+
+
+def profile_row(ws: Workspace, n: int) -> dict[str, Any]:
+    """The `profiles` row of the n-th profile created."""
+    df = ws.table("profiles")
+    rows = df.filter(df["service_id"] == service_id(n)).to_dicts()
+    assert len(rows) == 1, rows
+    return rows[0]
+
+
+def state_snapshot(ws: Workspace, tables: tuple[str, ...] = USER_STATE_TABLES) -> dict[str, Any]:
+    """The full export and the rows of `tables`, order-insensitive: what a request could change."""
+    out: dict[str, Any] = {"export": ws.export_users(ALL_FIELDS)}
+    for name in tables:
+        out[name] = sorted(map(repr, ws.table(name).to_dicts()))
+    return out
+
+
+def apply_and_call(tmp_path: Path, requests: list[dict[str, Any]]) -> tuple[list[Response], Workspace]:
+    """Apply `requests` as one batch on a fresh store and call them one by one on another; assert
+    that the responses and the final exports are equal; return the responses and the batch's store."""
+    batch_ws = open_ws(tmp_path, "batch")
+    batch = batch_ws.apply(requests)
+    calls_ws = open_ws(tmp_path, "calls")
+    calls = [calls_ws.call(r["method"], r["path"], r["body"]) for r in requests]
+    assert batch == calls
+    assert batch_ws.export_users(ALL_FIELDS) == calls_ws.export_users(ALL_FIELDS)
+    return batch, batch_ws

@@ -11,12 +11,12 @@ from tests.helpers import (
     NOW,
     Clock,
     alias,
+    base,
     export,
     open_ws,
-    random_bucket,
     service_id,
+    state_snapshot,
     track_ok,
-    ts,
 )
 
 from engagelake import Workspace
@@ -57,38 +57,17 @@ def alias_update(ws: Workspace, *items: Any) -> None:
     assert (r.status, r.body) == (200, {"message": "success"})
 
 
-def base(n: int, external_id: str | None = None, **fields: Any) -> dict[str, Any]:
-    sid = service_id(n)
-    user = {"created_at": ts(NOW), "service_id": sid, "random_bucket": random_bucket(sid), **fields}
-    if external_id is not None:
-        user["external_id"] = external_id
-    return user
 
 
 def aliases_table(ws: Workspace) -> list[tuple[str, str, str]]:
     return sorted(ws.table("aliases").select("alias_label", "alias_name", "service_id").rows())
 
 
-def snapshot(ws: Workspace) -> dict[str, Any]:
-    out: dict[str, Any] = {"export": ws.export_users(ALL_FIELDS)}
-    for name in STATE_TABLES:
-        out[name] = sorted(map(repr, ws.table(name).to_dicts()))
-    return out
 
-
-@pytest.fixture
-def ws(tmp_path):
-    return open_ws(tmp_path)
 
 
 # --- request-level validation -------------------------------------------------------------------
 
-
-@pytest.fixture(scope="module")
-def shared_ws(tmp_path_factory):
-    ws = open_ws(tmp_path_factory.mktemp("alias400"))
-    track_ok(ws, attributes=[{"external_id": "a"}])
-    return ws
 
 
 NEW_400 = [
@@ -199,9 +178,9 @@ def test_new_alias_with_an_unknown_external_id_is_skipped(ws):
 def test_an_alias_that_exists_is_skipped(ws):
     track_ok(ws, attributes=[{"external_id": "a"}, {"external_id": "b"}])
     alias_new(ws, new_item("x", external_id="a"))
-    before = snapshot(ws)
+    before = state_snapshot(ws, STATE_TABLES)
     alias_new(ws, new_item("x", external_id="b"), new_item("x"), new_item("x", external_id="a"))
-    assert snapshot(ws) == before
+    assert state_snapshot(ws, STATE_TABLES) == before
 
 
 def test_a_user_with_an_alias_of_that_label_is_skipped(ws):
@@ -254,9 +233,9 @@ def test_update_of_an_alias_only_profile(ws):
 def test_update_skips(ws, update):
     track_ok(ws, attributes=[{"external_id": "a"}, {"external_id": "b"}])
     alias_new(ws, new_item("x", external_id="a"), new_item("y", external_id="b"))
-    before = snapshot(ws)
+    before = state_snapshot(ws, STATE_TABLES)
     alias_update(ws, update)
-    assert snapshot(ws) == before
+    assert state_snapshot(ws, STATE_TABLES) == before
 
 
 def test_updates_in_one_request_apply_in_order(ws):

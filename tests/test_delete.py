@@ -14,12 +14,15 @@ from tests.helpers import (
     EXPORT,
     NOW,
     TRACK,
+    USER_STATE_TABLES,
     alias,
+    apply_and_call,
+    base,
     event,
     export,
     open_ws,
+    post,
     purchase,
-    random_bucket,
     service_id,
     track_ok,
     ts,
@@ -35,10 +38,7 @@ from engagelake.rules.messages import (
 )
 
 DELETE = "/users/delete"
-USER_TABLES = (
-    "profiles", "external_ids", "aliases", "attributes", "subscriptions", "push_tokens", "events",
-    "purchases",
-)
+USER_TABLES = USER_STATE_TABLES
 
 
 def delete(ws: Workspace, deleted: int, **ids: Any) -> None:
@@ -46,12 +46,6 @@ def delete(ws: Workspace, deleted: int, **ids: Any) -> None:
     assert (r.status, r.body) == (200, {"deleted": deleted, "message": "success"})
 
 
-def base(n: int, external_id: str | None = None, **fields: Any) -> dict[str, Any]:
-    sid = service_id(n)
-    user = {"created_at": ts(NOW), "service_id": sid, "random_bucket": random_bucket(sid), **fields}
-    if external_id is not None:
-        user["external_id"] = external_id
-    return user
 
 
 def rows_of(ws: Workspace, table: str, n: int) -> list[dict[str, Any]]:
@@ -84,13 +78,7 @@ def full_users(ws: Workspace) -> None:
     assert rs[1].body["rename_errors"] == [] and rs[4].body["rename_errors"] == [], rs
 
 
-def post(path: str, body: Any) -> dict[str, Any]:
-    return {"method": "POST", "path": path, "body": body}
 
-
-@pytest.fixture
-def ws(tmp_path):
-    return open_ws(tmp_path)
 
 
 @pytest.fixture(scope="module")
@@ -110,12 +98,6 @@ def two(template, tmp_path):
 
 # --- request-level validation -----------------------------------------------------------------------
 
-
-@pytest.fixture(scope="module")
-def shared_ws(tmp_path_factory):
-    ws = open_ws(tmp_path_factory.mktemp("delete400"))
-    track_ok(ws, attributes=[{"external_id": "a"}])
-    return ws
 
 
 DELETE_400 = [
@@ -238,12 +220,7 @@ def test_batch_delete_then_track_equals_calls(tmp_path):
         post(DELETE, {"external_ids": ["a", "b"], "service_ids": [service_id(0), service_id(3)]}),
         post(TRACK, {"events": [event(external_id="b")]}),
     ]
-    batch_ws = open_ws(tmp_path, "batch")
-    batch = batch_ws.apply(requests)
-    calls_ws = open_ws(tmp_path, "calls")
-    calls = [calls_ws.call(r["method"], r["path"], r["body"]) for r in requests]
-    assert batch == calls
-    assert batch_ws.export_users(ALL_FIELDS) == calls_ws.export_users(ALL_FIELDS)
+    batch, batch_ws = apply_and_call(tmp_path, requests)
     assert [(r.status, r.body.get("deleted")) for r in batch] == [
         (201, None), (200, 1), (201, None), (200, None), (200, 3), (201, None)]
     assert batch_ws.export_users(ALL_FIELDS) == [base(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from tests.helpers import EXPORT, TRACK, custom_attributes, exists, open_ws, profile_count
+from tests.helpers import EXPORT, TRACK, custom_attributes, exists, profile_count
 
 from engagelake import Response
 from engagelake.rules.messages import (
@@ -15,11 +15,6 @@ from engagelake.rules.messages import (
     METHOD_NOT_ALLOWED,
     NOT_FOUND,
 )
-
-
-@pytest.fixture
-def ws(tmp_path):
-    return open_ws(tmp_path)
 
 
 @pytest.mark.parametrize("path", ["/users/nope", "/nothing", "/users/track/extra", "/"])

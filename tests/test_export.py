@@ -43,10 +43,6 @@ PHONE = "+14155550100"
 TIMESTAMP = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
 
 
-@pytest.fixture
-def ws(tmp_path):
-    return open_ws(tmp_path)
-
 
 @pytest.fixture
 def people(ws):

@@ -14,12 +14,13 @@ from tests.helpers import (
     NOW,
     TRACK,
     Clock,
+    apply_and_call,
+    base,
     export,
     open_ws,
-    random_bucket,
+    post,
     service_id,
     track_ok,
-    ts,
 )
 
 from engagelake import Workspace
@@ -64,12 +65,6 @@ def remove(ws: Workspace, *ids: Any) -> dict[str, Any]:
     return r.body
 
 
-def base(n: int, external_id: str | None = None, **fields: Any) -> dict[str, Any]:
-    sid = service_id(n)
-    user = {"created_at": ts(NOW), "service_id": sid, "random_bucket": random_bucket(sid), **fields}
-    if external_id is not None:
-        user["external_id"] = external_id
-    return user
 
 
 def ids_table(ws: Workspace) -> list[tuple[str, str, bool]]:
@@ -82,23 +77,11 @@ def resolves_to(ws: Workspace, external_id: str) -> list[dict[str, Any]]:
     return r.body["users"]
 
 
-def post(path: str, body: Any) -> dict[str, Any]:
-    return {"method": "POST", "path": path, "body": body}
 
-
-@pytest.fixture
-def ws(tmp_path):
-    return open_ws(tmp_path)
 
 
 # --- request-level validation ---------------------------------------------------------------------
 
-
-@pytest.fixture(scope="module")
-def shared_ws(tmp_path_factory):
-    ws = open_ws(tmp_path_factory.mktemp("ids400"))
-    track_ok(ws, attributes=[{"external_id": "a"}])
-    return ws
 
 
 RENAME_400 = [
@@ -231,12 +214,7 @@ def test_batch_rename_then_rename_back_equals_calls(tmp_path):
         post(TRACK, {"attributes": [{"external_id": "b", "y": 2}]}),
         post(EXPORT, {"external_ids": ["a", "b", "z"], "fields_to_export": ["external_id", "custom_attributes"]}),
     ]
-    batch_ws = open_ws(tmp_path, "batch")
-    batch = batch_ws.apply(requests)
-    calls_ws = open_ws(tmp_path, "calls")
-    calls = [calls_ws.call(r["method"], r["path"], r["body"]) for r in requests]
-    assert batch == calls
-    assert batch_ws.export_users(ALL_FIELDS) == calls_ws.export_users(ALL_FIELDS)
+    batch, batch_ws = apply_and_call(tmp_path, requests)
     assert [(r.status, r.body) for r in batch[1:3]] == [
         (200, {"message": "success", "external_ids": ["a"], "rename_errors": []}),
         (200, {"message": "success", "external_ids": [], "rename_errors": [[RENAME_IN_USE, 0], [RENAME_IN_USE, 1]]}),

@@ -15,13 +15,17 @@ from tests.helpers import (
     TRACK,
     Clock,
     alias,
+    apply_and_call,
+    base,
     event,
     export,
     export_users,
     open_ws,
+    post,
+    profile_row,
     purchase,
-    random_bucket,
     service_id,
+    state_snapshot,
     track_ok,
     ts,
 )
@@ -50,10 +54,6 @@ E = "anon@example.com"
 PH = "+15550100000"
 TOKEN = {"app_id": "app", "token": "tp", "device_id": "dp"}
 EXPORTED_TOKEN = {"app": "app", "token": "tp", "device_id": "dp"}
-STATE_TABLES = (
-    "profiles", "external_ids", "aliases", "attributes", "subscriptions", "push_tokens", "events",
-    "purchases",
-)
 # the profile fields identify with merge_behavior "merge" copies (email is not one of them)
 MERGED = {
     "first_name": "Ann", "last_name": "Lee", "gender": "F", "dob": "1990-01-02", "phone": "+15550100001",
@@ -83,12 +83,6 @@ def identify(ws: Workspace, body: dict[str, Any]) -> None:
     assert (r.status, r.body) == (200, {"aliases_processed": n, "message": "success"})
 
 
-def base(n: int, external_id: str | None = None, **fields: Any) -> dict[str, Any]:
-    sid = service_id(n)
-    user = {"created_at": ts(NOW), "service_id": sid, "random_bucket": random_bucket(sid), **fields}
-    if external_id is not None:
-        user["external_id"] = external_id
-    return user
 
 
 def anon(name: str, label: str = "crm", **attrs: Any) -> dict[str, Any]:
@@ -96,28 +90,14 @@ def anon(name: str, label: str = "crm", **attrs: Any) -> dict[str, Any]:
     return {"user_alias": alias(name, label), "_update_existing_only": False, **attrs}
 
 
-def profile_row(ws: Workspace, n: int) -> dict[str, Any]:
-    df = ws.table("profiles")
-    rows = df.filter(df["service_id"] == service_id(n)).to_dicts()
-    assert len(rows) == 1, rows
-    return rows[0]
 
 
-def snapshot(ws: Workspace) -> dict[str, Any]:
-    out: dict[str, Any] = {"export": ws.export_users(ALL_FIELDS)}
-    for name in STATE_TABLES:
-        out[name] = sorted(map(repr, ws.table(name).to_dicts()))
-    return out
 
 
 def add_alias(ws: Workspace, external_id: str, name: str, label: str = "crm") -> None:
     r = ws.call("POST", "/users/alias/new", {"user_aliases": [{**alias(name, label), "external_id": external_id}]})
     assert (r.status, r.body) == (200, {"aliases_processed": 1, "message": "success"})
 
-
-@pytest.fixture
-def ws(tmp_path):
-    return open_ws(tmp_path)
 
 
 # --- request-level validation ------------------------------------------------------------------
@@ -192,10 +172,10 @@ def test_request_level_errors_answer_400_with_the_message(shared_ws, body, messa
 
 def test_a_400_applies_nothing_of_the_request(ws):
     track_ok(ws, attributes=[anon("p")])
-    before = snapshot(ws)
+    before = state_snapshot(ws)
     r = ws.call("POST", IDENTIFY, {"aliases_to_identify": [by_alias("u", "p"), by_alias("test", "p")]})
     assert (r.status, r.body) == (400, {"message": IDENTIFY_BLOCKED.format(where="aliases_to_identify[1]")})
-    assert snapshot(ws) == before
+    assert state_snapshot(ws) == before
     assert ws.table("merges").height == 0
 
 
@@ -307,9 +287,9 @@ def test_a_deprecated_external_id_identifies_its_user(ws):
 def test_one_alias_per_label_leaves_both_profiles_as_they_are(ws):
     track_ok(ws, attributes=[{"external_id": "u"}, anon("p", x=1, push_tokens=[TOKEN])])
     add_alias(ws, "u", "mine")  # u already holds a crm alias
-    before = snapshot(ws)
+    before = state_snapshot(ws)
     identify(ws, {"aliases_to_identify": [by_alias("u", "p")], "merge_behavior": "merge"})
-    assert snapshot(ws) == before
+    assert state_snapshot(ws) == before
 
 
 def test_an_alias_of_another_label_moves_to_the_user(ws):
@@ -323,16 +303,16 @@ def test_an_alias_of_another_label_moves_to_the_user(ws):
 def test_an_alias_of_an_identified_user_is_a_no_op(ws, other_exists):
     track_ok(ws, attributes=[{"external_id": "a", "x": 1}, *([{"external_id": "b"}] if other_exists else [])])
     add_alias(ws, "a", "al")
-    before = snapshot(ws)
+    before = state_snapshot(ws)
     identify(ws, {"aliases_to_identify": [by_alias("b", "al")], "merge_behavior": "merge"})
-    assert snapshot(ws) == before
+    assert state_snapshot(ws) == before
 
 
 def test_an_email_that_picks_an_identified_profile_is_a_no_op(ws):
     track_ok(ws, attributes=[{"external_id": "a", "email": E}, anon("p", email=E)])
-    before = snapshot(ws)
+    before = state_snapshot(ws)
     identify(ws, {"emails_to_identify": [by_email("u", E, "identified")]})
-    assert snapshot(ws) == before
+    assert state_snapshot(ws) == before
 
 
 @pytest.mark.parametrize(("prioritization", "picked"), [
@@ -343,21 +323,21 @@ def test_an_email_that_picks_an_identified_profile_is_a_no_op(ws):
 ])
 def test_email_candidates_are_picked_by_prioritization(ws, prioritization, picked):
     track_ok(ws, attributes=[anon("p0", email=E), anon("p1", email=E)])
-    before = snapshot(ws)
+    before = state_snapshot(ws)
     identify(ws, {"emails_to_identify": [by_email("u", E, *prioritization)]})
     if picked is None:
-        assert snapshot(ws) == before
+        assert state_snapshot(ws) == before
     else:
         assert export_users(ws, ["service_id"], external_ids=["u"]) == [{"service_id": service_id(picked)}]
 
 
 def test_no_candidate_or_unknown_alias_is_a_no_op_and_still_counted(ws):
     track_ok(ws, attributes=[{"external_id": "a"}])
-    before = snapshot(ws)
+    before = state_snapshot(ws)
     identify(ws, {"aliases_to_identify": [by_alias("u", "ghost"), by_alias("v", "ghost", "web")],
                   "emails_to_identify": [by_email("u", "nobody@example.com", "identified")],
                   "phone_numbers_to_identify": [by_phone("u", "+15559999999", "unidentified")]})
-    assert snapshot(ws) == before
+    assert state_snapshot(ws) == before
 
 
 def test_elements_apply_aliases_then_emails_then_phones(ws):
@@ -379,8 +359,6 @@ def test_a_later_element_finds_the_external_id_an_earlier_one_assigned(ws):
 # --- batch-exact ------------------------------------------------------------------------------------
 
 
-def post(path: str, body: Any) -> dict[str, Any]:
-    return {"method": "POST", "path": path, "body": body}
 
 
 def test_batch_identify_then_merge_equals_calls(tmp_path):
@@ -394,12 +372,7 @@ def test_batch_identify_then_merge_equals_calls(tmp_path):
         post(IDENTIFY, {"emails_to_identify": [by_email("k", E, "identified")]}),
         post(EXPORT, {"external_ids": ["u", "k"], "fields_to_export": ALL_FIELDS}),
     ]
-    batch_ws = open_ws(tmp_path, "batch")
-    batch = batch_ws.apply(requests)
-    calls_ws = open_ws(tmp_path, "calls")
-    calls = [calls_ws.call(r["method"], r["path"], r["body"]) for r in requests]
-    assert batch == calls
-    assert batch_ws.export_users(ALL_FIELDS) == calls_ws.export_users(ALL_FIELDS)
+    batch, batch_ws = apply_and_call(tmp_path, requests)
     assert [r.status for r in batch] == [201, 200, 202, 200, 200, 200, 200]
     # p got u, went into k (email and alias gone with it), q's data merged into k
     assert batch[6].body == {"message": "success", "users": [base(

@@ -9,7 +9,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from tests.helpers import NOW, TRACK, Clock, alias, open_ws, service_id, track_ok
+from tests.helpers import NOW, TRACK, Clock, alias, open_ws, post, service_id, track_ok
 
 from engagelake import Workspace
 from engagelake.rules.messages import REMOVE_PRIMARY, RENAME_UNKNOWN
@@ -32,8 +32,6 @@ def upd(source: dict[str, Any], target: dict[str, Any]) -> dict[str, Any]:
     return {"identifier_to_merge": source, "identifier_to_keep": target}
 
 
-def post(path: str, body: Any) -> dict[str, Any]:
-    return {"method": "POST", "path": path, "body": body}
 
 
 def lineage(ws: Workspace) -> list[dict[str, Any]]:
@@ -44,10 +42,6 @@ def lineage(ws: Workspace) -> list[dict[str, Any]]:
 def pick(rows: list[dict[str, Any]], *columns: str) -> list[tuple[Any, ...]]:
     return [tuple(r[c] for c in columns) for r in rows]
 
-
-@pytest.fixture
-def ws(tmp_path):
-    return open_ws(tmp_path)
 
 
 # --- merge ------------------------------------------------------------------------------------------

@@ -16,15 +16,19 @@ from tests.helpers import (
     TRACK,
     Clock,
     alias,
+    apply_and_call,
+    base,
     errors,
     event,
     export,
     export_users,
     group_states,
     open_ws,
+    post,
+    profile_row,
     purchase,
-    random_bucket,
     service_id,
+    state_snapshot,
     track,
     track_ok,
     ts,
@@ -54,10 +58,6 @@ MERGE = "/users/merge"
 RENAME = "/users/external_ids/rename"
 E = "shared@example.com"
 P = "+15550100000"
-STATE_TABLES = (
-    "profiles", "external_ids", "aliases", "attributes", "subscriptions", "push_tokens", "events",
-    "purchases",
-)
 # the ten profile fields a merge copies where the target has no value
 COPIED = {
     "first_name": "Ann", "last_name": "Lee", "email": "ann@example.com", "gender": "F",
@@ -99,13 +99,6 @@ def merge(ws: Workspace, *updates: dict[str, Any]) -> None:
     assert (r.status, r.body) == (202, {"message": "success"})
 
 
-def base(n: int, external_id: str | None = None, **fields: Any) -> dict[str, Any]:
-    """The full export of the n-th profile created at NOW with these fields."""
-    sid = service_id(n)
-    user = {"created_at": ts(NOW), "service_id": sid, "random_bucket": random_bucket(sid), **fields}
-    if external_id is not None:
-        user["external_id"] = external_id
-    return user
 
 
 def one(ws: Workspace, **identifiers: Any) -> dict[str, Any]:
@@ -114,29 +107,14 @@ def one(ws: Workspace, **identifiers: Any) -> dict[str, Any]:
     return users[0]
 
 
-def profile_row(ws: Workspace, n: int) -> dict[str, Any]:
-    df = ws.table("profiles")
-    rows = df.filter(df["service_id"] == service_id(n)).to_dicts()
-    assert len(rows) == 1, rows
-    return rows[0]
 
 
-def snapshot(ws: Workspace) -> dict[str, Any]:
-    """Everything a merge could change, order-insensitive."""
-    out: dict[str, Any] = {"export": ws.export_users(ALL_FIELDS)}
-    for name in STATE_TABLES:
-        out[name] = sorted(map(repr, ws.table(name).to_dicts()))
-    return out
 
 
 def rows_of(ws: Workspace, table: str, n: int) -> list[dict[str, Any]]:
     df = ws.table(table)
     return df.filter(df["service_id"] == service_id(n)).to_dicts()
 
-
-@pytest.fixture
-def ws(tmp_path):
-    return open_ws(tmp_path)
 
 
 Build = Callable[[Workspace, Clock], None]
@@ -258,11 +236,11 @@ def test_request_level_errors_answer_400_with_the_message(shared_ws, body, messa
 
 def test_a_400_applies_nothing_of_the_request(ws):
     two_users(ws)
-    before = snapshot(ws)
+    before = state_snapshot(ws)
     seq = ws.state.next_update_seq
     r = ws.call("POST", MERGE, {"merge_updates": [OK, upd(ext("a"), {"email": E})]})
     assert (r.status, r.body) == (400, {"message": PRIORITIZATION.format(where=_where(1, "identifier_to_keep"))})
-    assert snapshot(ws) == before
+    assert state_snapshot(ws) == before
     assert ws.table("merges").height == 0
     assert ws.state.next_update_seq == seq
 
@@ -477,9 +455,9 @@ def skip_users(ws: Workspace, clock: Clock) -> None:
 @pytest.mark.parametrize("update", SKIPS)
 def test_a_skipped_update_changes_nothing(clone, update):
     ws = clone("skips", skip_users)
-    before = snapshot(ws)
+    before = state_snapshot(ws)
     merge(ws, update)
-    assert snapshot(ws) == before
+    assert state_snapshot(ws) == before
 
 
 def test_a_skipped_update_still_takes_its_update_sequence_number(ws):
@@ -722,17 +700,10 @@ def test_the_target_takes_the_clock_and_the_updates_sequence_number(tmp_path):
 
 def assert_batch_equals_calls(tmp_path, requests: list[dict[str, Any]]) -> tuple[list[Any], Workspace]:
     """Apply `requests` as one batch and one by one on fresh stores; both must agree."""
-    batch_ws = open_ws(tmp_path, "batch")
-    batch = batch_ws.apply(requests)
-    calls_ws = open_ws(tmp_path, "calls")
-    calls = [calls_ws.call(r["method"], r["path"], r["body"]) for r in requests]
-    assert batch == calls
-    assert batch_ws.export_users(ALL_FIELDS) == calls_ws.export_users(ALL_FIELDS)
+    batch, batch_ws = apply_and_call(tmp_path, requests)
     return batch, batch_ws
 
 
-def post(path: str, body: Any) -> dict[str, Any]:
-    return {"method": "POST", "path": path, "body": body}
 
 
 def test_batch_merge_then_track_to_the_merged_id_equals_calls(tmp_path):

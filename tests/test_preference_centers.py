@@ -104,10 +104,6 @@ def assert_unchanged(ws: Workspace, before: dict[str, pl.DataFrame]) -> None:
         assert_frame_equal(ws.table(name), frame)
 
 
-@pytest.fixture
-def ws(tmp_path):
-    return open_ws(tmp_path)
-
 
 @pytest.fixture
 def users(ws):

@@ -42,11 +42,6 @@ from engagelake.rules.messages import (
 )
 
 
-@pytest.fixture
-def ws(tmp_path):
-    return open_ws(tmp_path)
-
-
 def put(ws, **values: Any) -> None:
     """Set attributes on user u1, asserting success."""
     track_ok(ws, attributes=[{"external_id": "u1", **values}])

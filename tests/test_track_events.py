@@ -17,7 +17,6 @@ from tests.helpers import (
     field,
     iso,
     only_error,
-    open_ws,
     purchase,
     track,
     track_ok,
@@ -40,10 +39,6 @@ from engagelake.rules.messages import (
 
 YESTERDAY = NOW - timedelta(days=1)
 
-
-@pytest.fixture
-def ws(tmp_path):
-    return open_ws(tmp_path)
 
 
 def summary(name: str, first, last, count: int) -> dict[str, Any]:

@@ -39,10 +39,6 @@ from engagelake.rules.messages import (
 FIELDS = ["external_id", "user_aliases", "service_id", "email", "phone", "custom_attributes"]
 
 
-@pytest.fixture
-def ws(tmp_path):
-    return open_ws(tmp_path)
-
 
 # --- creation by external_id ---------------------------------------------------------------------
 

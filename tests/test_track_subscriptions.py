@@ -31,10 +31,6 @@ E = "same@example.com"
 OTHER = "other@example.com"
 
 
-@pytest.fixture
-def ws(tmp_path):
-    return open_ws(tmp_path)
-
 
 def token(tok: str, device: str | None = None, app: str = "app") -> dict[str, str]:
     return {"app_id": app, "token": tok, **({"device_id": device} if device else {})}
