@@ -518,15 +518,29 @@ def test_submit_for_a_deleted_user_is_404(users):
     ws = users
     center_id = create(ws)
     url = expected_url(center_id, service_id(2))
-
-    def delete_u3(ctx):
-        changes = Changes()
-        changes.delete("profiles", pl.DataFrame({"service_id": [service_id(2)]}))
-        ctx.write(changes)
-
-    ws.write(delete_u3)
+    assert ws.call("POST", "/users/delete", {"external_ids": ["u3"]}).body == {"deleted": 1, "message": "success"}
+    before = snapshot(ws)
     r = ws.call("POST", url, {"email_global_state": "unsubscribed"})
     assert (r.status, r.body) == (404, {"message": P.ERR_TOKEN_USER_GONE})
+    assert_unchanged(ws, before)
+
+
+def test_submit_for_a_user_merged_away_updates_the_surviving_profile(users):
+    """The page was rendered for u3, then u3 was merged into u1: the submit changes u1 (and, by
+    same-email propagation, u2), as the user's data now lives there."""
+    ws = users
+    center_id = create(ws)
+    url = submit_url_of(render(ws, center_id, external_id="u3").body)
+    merge = {"merge_updates": [{"identifier_to_merge": {"external_id": "u3"},
+                                "identifier_to_keep": {"external_id": "u1"}}]}
+    assert ws.call("POST", "/users/merge", merge).status == 202
+    r = ws.call("POST", url, {"email_global_state": "unsubscribed"})
+    assert r.status == 200
+    states = ws.call("POST", "/users/export/ids", {"external_ids": ["u1", "u2", "u3"],
+                                                   "fields_to_export": ["external_id", "email_subscribe"]}).body
+    assert states["users"] == [{"external_id": "u1", "email_subscribe": "unsubscribed"},
+                               {"external_id": "u2", "email_subscribe": "unsubscribed"}]
+    assert states["invalid_user_ids"] == ["u3"]
 
 
 # --- batches, reopening, the library ----------------------------------------------------------

@@ -82,7 +82,7 @@ ERR_RENDER = "the page of preference center {center_id} cannot be rendered: {err
 ERR_TOKEN = "invalid token: use the submit URL of a freshly rendered page"  # 403
 ERR_TOKEN_CENTER = "token belongs to another preference center"  # 403
 ERR_TOKEN_EXPIRED = "token expired at {expires}: render the page again for a new submit URL"  # 403
-ERR_TOKEN_USER_GONE = "the user this token was issued for no longer exists"  # 404
+ERR_TOKEN_USER_GONE = "the user this token was issued for was deleted"  # 404
 ERR_DRAFT = "preference center {center_id} is a draft: set its state to active to accept submits"  # 409
 ERR_FORM_NOT_OBJECT = "form fields must be a JSON object of field name to value"
 ERR_FORM_FIELD = "unknown form field '{field}': this page declares {declared}"
@@ -438,6 +438,16 @@ def find_profile(ctx: Context, service_id: str) -> dict[str, Any] | None:
     return rows[0] if rows else None
 
 
+def surviving_profile(ctx: Context, service_id: str) -> dict[str, Any] | None:
+    """The profile a token's user is now: itself, or the profile it was merged into (redirects
+    point straight at the survivor); None when the user was deleted."""
+    profile = find_profile(ctx, service_id)
+    if profile is None:
+        moved = ctx.state.rows_where("redirects", "service_id", [service_id])["into"].drop_nulls()
+        profile = find_profile(ctx, moved[0]) if moved.len() else None
+    return profile
+
+
 def user_of_query(ctx: Context, query: dict[str, Any]) -> dict[str, Any]:
     """The profile named by `external_id` (current or deprecated) or `service_id` (404 if none)."""
     given = [k for k in ("external_id", "service_id") if k in query]
@@ -554,10 +564,11 @@ def render_page(ctx: Context, req: Request) -> Response:
 @answering
 def submit_form(ctx: Context, req: Request) -> Response:
     center = find_center(ctx, req.params["preferenceCenterExternalID"])
-    service_id, expires = read_token(ctx.seed, req.query.get("token"), center["center_id"], ctx.clock)
-    profile = find_profile(ctx, service_id)
+    token_sid, expires = read_token(ctx.seed, req.query.get("token"), center["center_id"], ctx.clock)
+    profile = surviving_profile(ctx, token_sid)
     if profile is None:
         raise _Refused(404, ERR_TOKEN_USER_GONE)
+    service_id = profile["service_id"]
     if center["state"] != "active":
         raise _Refused(409, ERR_DRAFT.format(center_id=center["center_id"]))
     global_state, groups = check_form(req.body, declared_fields(center["page_html"]))
