@@ -1,8 +1,9 @@
 """Identity endpoints: merge, identify, external ID rename/remove, aliases, delete.
 
-The workspace hands over runs of consecutive requests of one endpoint. Each request is checked
-and flattened into item rows (`identity_requests`); the items of the whole run are then resolved
-and applied together, equal to applying them one by one. Every item writes a lineage row.
+The workspace hands over runs of consecutive requests of one endpoint. The requests are checked
+and flattened into item rows (`bulk_requests` for merge and identify, `identity_requests` for
+the small endpoints); the items of the whole run are then resolved and applied together, equal
+to applying them one by one. Every item writes a lineage row.
 """
 
 from __future__ import annotations
@@ -17,7 +18,16 @@ import polars as pl
 
 from engagelake.rules import identity_requests as R
 from engagelake.rules import messages as M
-from engagelake.rules.state import Changes, State
+from engagelake.rules.bulk_requests import parse_identifies, parse_merges
+from engagelake.rules.merge import MergeRun, contact_candidates, prioritize, strong_owners
+from engagelake.rules.profiles_merge import (
+    IDENTIFY_FIELDS,
+    MERGE_FIELDS,
+    merge_effects,
+    remove_profiles,
+)
+from engagelake.rules.state import Changes, State, apply_changes
+from engagelake.rules.track import service_ids
 
 IDENTITY_PATHS: dict[str, str] = {
     "merge": "/users/merge",
@@ -70,8 +80,6 @@ def apply_identity(state: State, kind: str, pending: list[tuple[int, str]], *, c
     """Apply a run of requests of one identity endpoint; `pending` is (batch index, body JSON)."""
     out = IdentityOutcome(next_update_seq=state.next_update_seq, next_profile_n=state.next_profile_n)
     if kind in ("merge", "identify"):  # the bulk endpoints: checked and flattened for the whole run at once
-        from engagelake.rules.bulk_requests import parse_identifies, parse_merges
-
         answered, frame = (parse_merges if kind == "merge" else parse_identifies)(pending)
         for req, message in answered.items():
             out.responses[req] = (400, {"message": message})
@@ -112,15 +120,12 @@ def apply_identity(state: State, kind: str, pending: list[tuple[int, str]], *, c
 
 
 def _merge(run: Run, items: pl.DataFrame, valid: list[int], out: IdentityOutcome) -> None:
-    from engagelake.rules.merge import MergeRun
-    from engagelake.rules.profiles_merge import MERGE_FIELDS, merge_effects
-
     decided = MergeRun(run.state, items, run.clock).solve().join(items, on="j")
     edges = decided.filter("applied").select(
         pl.col("src_sid").alias("src"), pl.col("tgt_sid").alias("tgt"), "j", "seq", pl.lit(True).alias("fill"))
     out.changes.extend(merge_effects(run.state, edges, MERGE_FIELDS, run.clock))
     out.changes.upsert("merges", run.lineage(
-        decided, rule="merge", outcome=pl.when("applied").then(pl.lit("applied")).otherwise(pl.lit("skipped")),
+        decided, rule="merge", outcome=_outcome(),
         reason=pl.col("reason"), source=pl.col("source"), target=pl.col("target"),
         source_sid=pl.col("src_sid"), target_sid=pl.col("tgt_sid")))
     for req in valid:
@@ -128,9 +133,6 @@ def _merge(run: Run, items: pl.DataFrame, valid: list[int], out: IdentityOutcome
 
 
 def _delete(run: Run, items: pl.DataFrame, valid: list[int], out: IdentityOutcome) -> None:
-    from engagelake.rules.merge import strong_owners
-    from engagelake.rules.profiles_merge import remove_profiles
-
     items = strong_owners(run.state, items.rename({"src_kind": "kind", "src_key": "key"}))
     # deleting only removes, so an identifier resolves before item j as at the run start, unless
     # an earlier item already deleted its user
@@ -140,7 +142,7 @@ def _delete(run: Run, items: pl.DataFrame, valid: list[int], out: IdentityOutcom
     gone = items.filter("applied").select(pl.col("sid0").alias("sid"), pl.lit(None, pl.String).alias("into"))
     out.changes.extend(remove_profiles(run.state, gone, run.clock))
     out.changes.upsert("merges", run.lineage(
-        items, rule="delete", outcome=pl.when("applied").then(pl.lit("applied")).otherwise(pl.lit("skipped")),
+        items, rule="delete", outcome=_outcome(),
         reason=pl.when("applied").then(None).otherwise(pl.lit(M.SKIP_NO_USER)), source=pl.col("source"),
         source_sid=pl.col("sid0")))
     counts = dict(items.group_by("req").agg(pl.col("applied").sum()).iter_rows())
@@ -267,8 +269,6 @@ def _alias_keys(state: State) -> pl.DataFrame:
 
 
 def _alias_new(run: Run, items: pl.DataFrame, valid: list[int], out: IdentityOutcome) -> None:
-    from engagelake.rules.track import service_ids
-
     state = run.state
     aliases = _alias_keys(state)
     if "external_id" not in items.columns:
@@ -375,10 +375,6 @@ def _alias_update(run: Run, items: pl.DataFrame, valid: list[int], out: Identity
 
 
 def _identify(run: Run, items: pl.DataFrame, valid: list[int], out: IdentityOutcome) -> None:
-    from engagelake.rules.merge import contact_candidates, prioritize, strong_owners
-    from engagelake.rules.profiles_merge import IDENTIFY_FIELDS, merge_effects
-    from engagelake.rules.state import apply_changes
-
     state, clock = run.state, run.clock
     prof = state["profiles"].select(
         pl.col("service_id").alias("sid"), pl.col("external_id").is_not_null().alias("has_ext0"),
