@@ -14,6 +14,7 @@ from tests.model import (
     DELETE_PATH,
     EXPORT_PATH,
     IDENTIFY_PATH,
+    IDENTITY_PATHS,
     MERGE_PATH,
     REMOVE_PATH,
     RENAME_PATH,
@@ -1456,15 +1457,7 @@ def test_delete_validation(model: Model, body, message: str) -> None:
 
 
 def test_identity_endpoints_are_post_only(model: Model) -> None:
-    for path in (
-        MERGE_PATH,
-        IDENTIFY_PATH,
-        RENAME_PATH,
-        REMOVE_PATH,
-        ALIAS_NEW_PATH,
-        ALIAS_UPDATE_PATH,
-        DELETE_PATH,
-    ):
+    for path in IDENTITY_PATHS:
         status, body = model.call("GET", path)
         assert (status, body) == (
             405,

@@ -95,12 +95,11 @@ class _Batch:
     """One `apply`: the evolving state, the changes to commit, the responses so far. Runs of
     consecutive track requests (and of same-kind identity requests) are applied as one pass."""
 
-    def __init__(self, ws: Workspace, state: State, n: int):
-        self.ws = ws
+    def __init__(self, state: State, n: int, *, clock: datetime, seed: str, batch_id: str):
         self.state = state
-        self.clock = ws.clock()
-        self.seed = ws.store.head.seed
-        self.batch_id = uuid.uuid4().hex
+        self.clock = clock
+        self.seed = seed
+        self.batch_id = batch_id  # names the batch in lineage rows
         self.changes = Changes()
         self.responses: list[Response | None] = [None] * n
         self.pending: list[tuple[int, str]] = []
@@ -184,30 +183,28 @@ class Workspace:
     def apply(self, requests: Iterable[dict[str, Any]], *, idempotency_key: str | None = None) -> list[Response]:
         """Apply many requests in order, as one atomic batch; same result as one by one."""
         requests = list(requests)
-        for _ in range(3):  # another writer may commit between our read and our commit
+
+        def attempt() -> list[Response]:
             if idempotency_key is not None:
                 stored = self.store.find_batch(idempotency_key)
                 if stored is not None:
                     return [Response(s, b) for s, b in stored]
-            try:
-                return self._apply_once(requests, idempotency_key)
-            except StaleStoreError:
-                continue
-        raise StoreError(f"the store at {self.store.uri} kept changing under this batch; retry later")
+            return self._run_batch(lambda batch: self._dispatch(batch, requests), len(requests), idempotency_key)
+
+        return self._retrying(attempt)
 
     def write(self, build: Callable[[Context], None]) -> None:
         """Run `build(ctx)` as a batch of its own (library-level loaders: directories, catalog
         definitions, campaigns): it reads `ctx.state` and writes with `ctx.write(changes)`."""
-        for _ in range(3):
+        self._retrying(lambda: self._run_batch(build, 0, None))
+
+    def _retrying(self, attempt: Callable[[], list[Response]]) -> list[Response]:
+        for _ in range(3):  # another writer may commit between our read and our commit
             try:
-                self._run_batch(lambda batch: build(batch), 0, None)
-                return
+                return attempt()
             except StaleStoreError:
                 continue
         raise StoreError(f"the store at {self.store.uri} kept changing under this batch; retry later")
-
-    def _apply_once(self, requests: list[dict[str, Any]], idempotency_key: str | None) -> list[Response]:
-        return self._run_batch(lambda batch: self._dispatch(batch, requests), len(requests), idempotency_key)
 
     def _run_batch(self, body: Callable[[_Batch], None], n: int, idempotency_key: str | None) -> list[Response]:
         state = self.state
@@ -215,9 +212,8 @@ class Workspace:
         # holds two versions of the state at a time, not three. After a failure the next read
         # reloads it from the store.
         self._state = None
-        batch = _Batch(self, state, n)
-        if idempotency_key is not None:
-            batch.batch_id = idempotency_key
+        batch = _Batch(state, n, clock=self.clock(), seed=self.store.head.seed,
+                       batch_id=idempotency_key or uuid.uuid4().hex)
         body(batch)
         batch.flush()
         final = [r for r in batch.responses if r is not None]

@@ -107,11 +107,9 @@ def _side_checks(s: str, where: pl.Expr, fixed_kind: pl.Expr | None = None
 
 def _first_errors(*frames: pl.DataFrame) -> dict[int, str]:
     """Each request's first error message, the frames (req, message) taken in order."""
-    answered: dict[int, str] = {}
-    for frame in frames:
-        for req, message in frame.select("req", "message").iter_rows():
-            answered.setdefault(req, message)
-    return answered
+    ranked = pl.concat([f.select("req", "message", pl.lit(rank).alias("rank")) for rank, f in enumerate(frames)])
+    first = ranked.sort("rank", maintain_order=True).unique("req", keep="first", maintain_order=True)
+    return dict(zip(first["req"].to_list(), first["message"].to_list(), strict=True))
 
 
 def _valid(items: pl.DataFrame, answered: dict[int, str]) -> pl.DataFrame:

@@ -88,9 +88,13 @@ def remap_history(log: pl.DataFrame, redirects: pl.DataFrame) -> pl.DataFrame:
     deleted profiles' rows dropped (`redirects`: service_id -> into, null into = deleted)."""
     if redirects.height == 0 or log.height == 0:
         return log
-    moved = log.join(redirects.select("service_id", "into"), on="service_id", how="left", maintain_order="left")
-    return (moved.filter(pl.col("into").is_not_null() | ~pl.col("service_id").is_in(redirects["service_id"].implode()))
-            .with_columns(pl.coalesce("into", "service_id").alias("service_id")).drop("into"))
+    gone = redirects.filter(pl.col("into").is_null())["service_id"]
+    moved = redirects.filter(pl.col("into").is_not_null())
+    if gone.len():
+        log = log.filter(~pl.col("service_id").is_in(gone.implode()))
+    if moved.height:  # a hash lookup per row, in place: no join, order kept
+        log = log.with_columns(pl.col("service_id").replace(moved["service_id"], moved["into"]))
+    return log
 
 
 def apply_changes(state: State, changes: Changes, *, next_profile_n: int, next_update_seq: int) -> State:
