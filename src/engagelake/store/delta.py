@@ -75,7 +75,8 @@ class DeltaStore:
 
     def __init__(self, uri: str | Path, *, seed: str | None = None):
         self.uri = str(uri)
-        if "://" not in self.uri:
+        self.local = "://" not in self.uri  # a folder: file locks and markers work
+        if self.local:
             Path(self.uri).mkdir(parents=True, exist_ok=True)
         if not DeltaTable.is_deltatable(self._path(LEDGER)):
             self._create(seed or uuid.uuid4().hex)
@@ -126,10 +127,9 @@ class DeltaStore:
         """Roll back tables that hold writes of a batch that never reached the ledger (a dead
         writer's); only called under the writer lock, so no live writer is mid-commit. A dead
         compaction is rolled forward instead (it changed no content; its old files are gone)."""
-        marker = Path(self.uri) / COMPACTING if "://" not in self.uri else None
-        if marker is not None and marker.exists():
+        if self._compacting():
             self._publish_current(self.head.batch_no + 1)
-            marker.unlink()
+            self._compaction_marker().unlink()
             return
         for name in TABLES:
             if not DeltaTable.is_deltatable(self._path(name)):
@@ -143,7 +143,7 @@ class DeltaStore:
     @contextmanager
     def _writer_lock(self) -> Iterator[None]:
         """One writer at a time (an advisory lock file; local stores only)."""
-        if "://" in self.uri:
+        if not self.local:
             yield
             return
         with open(Path(self.uri) / "_writer.lock", "w") as handle:
@@ -248,7 +248,7 @@ class DeltaStore:
 
         Compaction changes no logical content, so a crash midway rolls forward: the marker file
         tells the next writer to publish the tables' current versions instead of restoring."""
-        if "://" in self.uri:
+        if not self.local:
             raise StoreError(f"compaction needs a local store; {self.uri} is not one")
         with self._writer_lock():
             self.head = self._read_head()
@@ -259,7 +259,7 @@ class DeltaStore:
             tables["merges"] = tables["merges"].with_columns(
                 [pl.when(pl.col("source_sid").is_in(gone) | pl.col("target_sid").is_in(gone)).then(None)
                  .otherwise(pl.col(c)).alias(c) for c in ("source", "target")])
-            marker = Path(self.uri) / COMPACTING
+            marker = self._compaction_marker()
             marker.touch()
             batch_no = self.head.batch_no + 1
             for name in TABLES:
@@ -279,10 +279,17 @@ class DeltaStore:
             marker.unlink()
             return {name: tables[name].height for name in TABLES}
 
+    def _compaction_marker(self) -> Path:
+        return Path(self.uri) / COMPACTING
+
+    def _compacting(self) -> bool:
+        """A compaction is under way, or died (local stores only: compaction needs one)."""
+        return self.local and self._compaction_marker().exists()
+
     def _settle_compaction(self) -> None:
         """Old table versions go during a compaction: wait for a live one (it holds the writer
         lock), or roll a dead one forward, before reading."""
-        if "://" not in self.uri and (Path(self.uri) / COMPACTING).exists():
+        if self._compacting():
             with self._writer_lock():
                 self.head = self._read_head()
                 self._recover()
