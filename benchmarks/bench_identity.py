@@ -88,12 +88,12 @@ def main() -> None:
     console.print(f"building a store of {args.users:,} users in {root}")
     built = build_store(root / "store", args.users, 100_000, rng, "load")
     ws: Workspace = built["ws"]
-    before = ws.table("profiles").height
+    before = ws.table("profiles").collect().height
 
     groups = chains(args.users, args.merges, rng)
     requests = merge_requests(groups)
     seconds, peak, codes = timed(ws, requests)
-    after = ws.table("profiles").height
+    after = ws.table("profiles").collect().height
     met = "met" if seconds <= TARGET_MERGE_S else "NOT met"
     console.print(f"P4 merge: {args.merges:,} updates in {len(groups):,} chains (1-5), {len(requests):,} requests: "
                   f"{seconds:.2f} s ({args.merges / seconds:,.0f} updates/s), target <= {TARGET_MERGE_S} s: {met}; "
@@ -105,7 +105,7 @@ def main() -> None:
     requests = merge_requests(email_groups, by_email=True)
     before = after
     seconds, peak, codes = timed(ws, requests)
-    after = ws.table("profiles").height
+    after = ws.table("profiles").collect().height
     console.print(f"P4 merge by email: {args.email_merges:,} updates in {len(email_groups):,} chains: {seconds:.2f} s "
                   f"({args.email_merges / seconds:,.0f} updates/s); peak RSS {mib(peak)}; statuses {codes}; "
                   f"profiles {before:,} -> {after:,} ({'ok' if before - after == args.email_merges else 'UNEXPECTED'})")
@@ -126,9 +126,9 @@ def main() -> None:
     id_reqs = [{"method": "POST", "path": "/users/identify",
                 "body": {"aliases_to_identify": elements[i:i + 50], "merge_behavior": "merge"}}
                for i in range(0, n, 50)]
-    profiles = ws.table("profiles").height
+    profiles = ws.table("profiles").collect().height
     seconds, peak, codes = timed(ws, id_reqs)
-    merged = profiles - ws.table("profiles").height
+    merged = profiles - ws.table("profiles").collect().height
     console.print(f"identify: {n:,} elements ({len(targets):,} into existing users, {n - len(targets):,} to new IDs): "
                   f"{seconds:.2f} s ({n / seconds:,.0f}/s), peak RSS {mib(peak)}, statuses {codes}, "
                   f"profiles merged away {merged:,} ({'ok' if merged == len(targets) else 'UNEXPECTED'})")

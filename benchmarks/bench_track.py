@@ -372,7 +372,7 @@ def build_store(path: Path, users: int, chunk: int, rng: np.random.Generator, la
             console.print(f"  {label}: {min(start + chunk, users):,}/{users:,} users, "
                           f"engine {engine_s:,.1f} s (this apply {time.perf_counter() - t:,.1f} s), "
                           f"generation {gen_s:,.1f} s")
-    profiles = ws.table("profiles").height
+    profiles = ws.table("profiles").collect().height
     return {"ws": ws, "seconds": engine_s, "generation_s": gen_s, "applies": applies,
             "profiles": profiles, "bad_responses": bad}
 
@@ -500,7 +500,7 @@ def main() -> None:
                   f"({', '.join(f'{v:,} {k}' for k, v in kinds.items())}), {mode}; "
                   f"generation {gen_s:.2f} s, request dicts hold ~{mib(input_rss)} (sizeof estimate)")
     versions_before = dict(ws.store.head.versions)
-    heights_before = {n: ws.table(n).height for n in ws.table_names()}
+    heights_before = {n: ws.table(n).collect().height for n in ws.table_names()}
     gc.collect()
     p1_responses: list[Response] = []
     with RssSampler() as rss:
@@ -509,7 +509,7 @@ def main() -> None:
             p1_responses.extend(ws.apply(group))
         p1_s = time.perf_counter() - t
     appended = rows_appended(ws, versions_before)
-    growth = {n: ws.table(n).height - heights_before[n] for n in ws.table_names()}
+    growth = {n: ws.table(n).collect().height - heights_before[n] for n in ws.table_names()}
     p1_rate = n_objects / p1_s
     console.print(f"  engine: {p1_s:.2f} s = {p1_rate:,.0f} objects/s; responses {dict(statuses(p1_responses))}, "
                   f"{errors_in(p1_responses)} with errors")
@@ -560,7 +560,7 @@ def main() -> None:
 
     # P3 ---------------------------------------------------------------------------------------
     console.print(f"[bold]P3[/bold]: export 50 external IDs, all {len(EXPORT_FIELDS)} fields, "
-                  f"{ws.table('profiles').height:,}-user store")
+                  f"{ws.table('profiles').collect().height:,}-user store")
     p3 = export_latency(ws, args.users, rng)
     fig["p3"] = p3
     console.print(f"  p50 {p3['p50_ms']:.1f} ms, p95 {p3['p95_ms']:.1f} ms, max {p3['max_ms']:.1f} ms, "

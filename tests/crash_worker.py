@@ -23,7 +23,7 @@ from deltalake import DeltaTable
 from engagelake import Workspace
 from engagelake.rules.messages import EXPORT_FIELDS
 from engagelake.store.delta import CRASH_ENV, LEDGER
-from engagelake.store.schema import TABLES, USER_TABLES
+from engagelake.tables.schema import TABLES, USER_TABLES
 
 NOW = datetime(2026, 11, 22, 12, tzinfo=UTC)
 SEED = "crash"
@@ -148,7 +148,7 @@ def snapshot(ws: Workspace) -> dict[str, Any]:
     """Everything a reader can see: the full export, every table's rows (any order), the head."""
     tables = {}
     for name in TABLES:
-        frame = ws.table(name)
+        frame = ws.table(name).collect()
         tables[name] = (frame.height, frame.columns, sorted(repr(row) for row in frame.rows()))
     head = ws.store.head
     return {
@@ -159,7 +159,7 @@ def snapshot(ws: Workspace) -> dict[str, Any]:
 
 
 def counts(ws: Workspace) -> dict[str, int]:
-    return {name: ws.table(name).height for name in TABLES}
+    return {name: ws.table(name).collect().height for name in TABLES}
 
 
 def ledger_versions(store: str | Path) -> dict[str, int]:

@@ -1,6 +1,6 @@
 """Shared helpers for the end-to-end rule tests: open a store, call the API, read exports.
 
-Everything goes through `Workspace.call` / `Workspace.apply`; `ws.table(...)` is used only where
+Everything goes through `Workspace.call` / `Workspace.apply`; `ws.table(...).collect()` is used only where
 the API has no view of the state (profile counts, subscription groups).
 """
 
@@ -151,12 +151,12 @@ def exists(ws: Workspace, external_id: str) -> bool:
 
 
 def profile_count(ws: Workspace) -> int:
-    return ws.table("profiles").height
+    return ws.table("profiles").collect().height
 
 
 def group_states(ws: Workspace, group_id: str) -> dict[str, str]:
     """service_id -> state of one subscription group (the API has no read path for groups)."""
-    df = ws.table("subscriptions")
+    df = ws.table("subscriptions").collect()
     rows = df.filter(df["group_id"] == group_id).select("service_id", "state").rows()
     return dict(rows)
 
@@ -183,7 +183,7 @@ def base(n: int, external_id: str | None = None, **fields: Any) -> dict[str, Any
 
 def profile_row(ws: Workspace, n: int) -> dict[str, Any]:
     """The `profiles` row of the n-th profile created."""
-    df = ws.table("profiles")
+    df = ws.table("profiles").collect()
     rows = df.filter(df["service_id"] == service_id(n)).to_dicts()
     assert len(rows) == 1, rows
     return rows[0]
@@ -193,7 +193,7 @@ def state_snapshot(ws: Workspace, tables: tuple[str, ...] = USER_STATE_TABLES) -
     """The full export and the rows of `tables`, order-insensitive: what a request could change."""
     out: dict[str, Any] = {"export": ws.export_users(ALL_FIELDS)}
     for name in tables:
-        out[name] = sorted(map(repr, ws.table(name).to_dicts()))
+        out[name] = sorted(map(repr, ws.table(name).collect().to_dicts()))
     return out
 
 

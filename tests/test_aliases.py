@@ -60,7 +60,7 @@ def alias_update(ws: Workspace, *items: Any) -> None:
 
 
 def aliases_table(ws: Workspace) -> list[tuple[str, str, str]]:
-    return sorted(ws.table("aliases").select("alias_label", "alias_name", "service_id").rows())
+    return sorted(ws.table("aliases").collect().select("alias_label", "alias_name", "service_id").rows())
 
 
 
@@ -124,12 +124,12 @@ def test_a_400_applies_nothing_of_the_request(ws):
     r = ws.call("POST", NEW, {"user_aliases": [new_item("x", external_id="a"), new_item("y"), {"alias_name": "z"}]})
     assert (r.status, r.body) == (400, {"message": ALIAS_SHAPE.format(where="user_aliases[2]")})
     assert aliases_table(ws) == []
-    assert ws.table("profiles").height == 1
+    assert ws.table("profiles").collect().height == 1
     alias_new(ws, new_item("x", external_id="a"))
     r = ws.call("POST", UPDATE, {"alias_updates": [upd("crm", "x", "y"), upd("crm", "y", None)]})
     assert (r.status, r.body) == (400, {"message": ALIAS_UPDATE_SHAPE.format(where="alias_updates[1]")})
     assert aliases_table(ws) == [("crm", "x", service_id(0))]
-    assert ws.table("merges").filter(ws.table("merges")["outcome"] == "applied").height == 1
+    assert ws.table("merges").collect().filter(ws.table("merges").collect()["outcome"] == "applied").height == 1
 
 
 # --- alias/new ------------------------------------------------------------------------------------
@@ -143,7 +143,7 @@ def test_new_alias_with_external_id_is_added_to_that_user(tmp_path):
     alias_new(ws, new_item("x1", external_id="a"), new_item("x2", "web", external_id="a"))
     assert ws.export_users(ALL_FIELDS) == [
         base(0, "a", custom_attributes={"x": 1}, user_aliases=[alias("x1"), alias("x2", "web")]), base(1, "b")]
-    rows = dict(ws.table("profiles").select("service_id", "updated_at").rows())
+    rows = dict(ws.table("profiles").collect().select("service_id", "updated_at").rows())
     assert rows == {service_id(0): NOW + timedelta(hours=1), service_id(1): NOW}
     r = export(ws, ["external_id"], user_aliases=[alias("x2", "web")])
     assert r.body == {"message": "success", "users": [{"external_id": "a"}]}
@@ -211,7 +211,7 @@ def test_update_renames_the_alias_on_the_same_user(tmp_path):
     clock.advance(hours=1)
     alias_update(ws, upd("crm", "old", "new"))
     assert aliases_table(ws) == [("crm", "new", service_id(0))]
-    assert ws.table("profiles")["updated_at"].to_list() == [NOW + timedelta(hours=1)]
+    assert ws.table("profiles").collect()["updated_at"].to_list() == [NOW + timedelta(hours=1)]
     r = export(ws, ["external_id"], user_aliases=[alias("old")])
     assert r.body == {"message": "success", "users": [], "invalid_user_ids": ["old"]}
     r = export(ws, ["external_id"], user_aliases=[alias("new")])

@@ -127,11 +127,11 @@ EVENTS_AND_PURCHASES = [
 
 
 def final_state(ws) -> tuple[Any, ...]:
-    profiles = ws.table("profiles").height
+    profiles = ws.table("profiles").collect().height
     by_sid = [export(ws, ALL_FIELDS, service_id=service_id(i)).body for i in range(profiles + 2)]
     by_email = export(ws, ALL_FIELDS, email_address=E).body
-    heights = {t: ws.table(t).height for t in TABLES}
-    groups = sorted(ws.table("subscriptions").select("service_id", "group_id", "state").rows())
+    heights = {t: ws.table(t).collect().height for t in TABLES}
+    groups = sorted(ws.table("subscriptions").collect().select("service_id", "group_id", "state").rows())
     return by_sid, by_email, heights, groups
 
 

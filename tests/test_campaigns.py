@@ -159,7 +159,7 @@ def test_reloading_a_campaign_replaces_it_entirely(ws):
     ws.campaigns.put(data)
     assert get(ws) == Response(200, {"translations": [{"locale": FR, "translation_map": {HELLO: "Salut"}}]})
     assert get(ws, variation_id=VARIANT_B) == failed(C.MESSAGE_NOT_FOUND)
-    assert ws.table("campaign_translations").height == 1
+    assert ws.table("campaign_translations").collect().height == 1
 
 
 def test_translations_of_a_locale_removed_from_the_workspace_are_left_out(ws):
@@ -239,7 +239,7 @@ def test_invalid_definitions_raise_and_write_nothing(empty, data, message):
     with pytest.raises(ConfigError) as raised:
         empty.campaigns.put(copy.deepcopy(data))
     assert str(raised.value) == message
-    assert all(empty.table(t).height == 0 for t in ("campaign_settings", "campaigns", "campaign_messages"))
+    assert all(empty.table(t).collect().height == 0 for t in ("campaign_settings", "campaigns", "campaign_messages"))
 
 
 def test_unknown_locale_is_checked_against_the_stored_setting(ws):
@@ -247,7 +247,7 @@ def test_unknown_locale_is_checked_against_the_stored_setting(ws):
         ws.campaigns.put({"campaigns": [other_campaign(translations={"it-IT": {HELLO: "Ciao"}})]})
     assert str(raised.value) == C.DEF_UNKNOWN_LOCALE.format(
         where=WHERE, locale="it-IT", known="es-MX, fr-FR, de-DE")
-    assert ws.table("campaigns").height == 1
+    assert ws.table("campaigns").collect().height == 1
 
 
 @pytest.mark.parametrize(("content", "reason"), [(None, "No such file"), (b"{nope", "unexpected character")])

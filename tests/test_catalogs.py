@@ -133,7 +133,7 @@ CREATE_CASES: list[tuple[Any, list[dict[str, Any]]]] = [
 @pytest.mark.parametrize(("body", "errors"), CREATE_CASES)
 def test_post_catalogs_rejects_with_every_problem(shared, body, errors):
     assert shared.call("POST", "/catalogs", body=body) == invalid(*errors)
-    assert shared.table("catalogs")["name"].to_list() == [CAT]
+    assert shared.table("catalogs").collect()["name"].to_list() == [CAT]
 
 
 def test_every_create_error_id_is_tested():
@@ -376,7 +376,7 @@ BATCH = [
 
 
 def snapshot(w: Workspace) -> tuple[list[Any], list[Any]]:
-    return (w.table("catalogs").sort("name").rows(), w.table("catalog_items").sort("catalog", "id").rows())
+    return (w.table("catalogs").collect().sort("name").rows(), w.table("catalog_items").collect().sort("catalog", "id").rows())
 
 
 def test_apply_equals_calling_one_by_one(tmp_path):

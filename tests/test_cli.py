@@ -65,10 +65,10 @@ def test_demo_generates_applies_and_summarizes(demo_run: tuple[Path, str]) -> No
 
     ws = Workspace.open(root / "store")
     # user-000051 went into user-000050 and user-000151 into user-000150 (merge_batch flow)
-    assert ws.table("profiles").height == 198
-    assert set(ws.table("merges")["outcome"]) == {"applied"} and ws.table("merges").height == 2
+    assert ws.table("profiles").collect().height == 198
+    assert set(ws.table("merges").collect()["outcome"]) == {"applied"} and ws.table("merges").collect().height == 2
     assert "Lineage: engagelake lineage user-000050" in output
-    events, purchases = ws.table("events").height, ws.table("purchases").height
+    events, purchases = ws.table("events").collect().height, ws.table("purchases").collect().height
     assert 0 < events and 0 < purchases
     summary = output[output.index("engagelake demo") :]
     for label, value in (("users", 198), ("events", events), ("purchases", purchases)):
@@ -146,7 +146,7 @@ def test_export_prints_the_api_response(demo_run: tuple[Path, str]) -> None:
 
 def test_export_by_email(demo_run: tuple[Path, str]) -> None:
     root, _ = demo_run
-    email = Workspace.open(root / "store").table("profiles")["email"].drop_nulls()[0]
+    email = Workspace.open(root / "store").table("profiles").collect()["email"].drop_nulls()[0]
 
     result = runner.invoke(
         app, ["export", "--email", email, "--fields", "email", "--store", str(root / "store")]
@@ -213,7 +213,7 @@ def test_apply_applies_files_once_and_summarizes(tmp_path: Path) -> None:
             "201×2, 400×1",
             "1",
         ]
-    assert Workspace.open(tmp_path / "store").table("events").height == 1
+    assert Workspace.open(tmp_path / "store").table("events").collect().height == 1
     statuses = [
         orjson.loads(line)["status"]
         for line in (tmp_path / "batch.responses.ndjson").read_bytes().splitlines()

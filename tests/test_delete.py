@@ -49,7 +49,7 @@ def delete(ws: Workspace, deleted: int, **ids: Any) -> None:
 
 
 def rows_of(ws: Workspace, table: str, n: int) -> list[dict[str, Any]]:
-    df = ws.table(table)
+    df = ws.table(table).collect()
     return df.filter(df["service_id"] == service_id(n)).to_dicts()
 
 
@@ -155,7 +155,7 @@ def test_delete_removes_every_row_of_the_user_in_every_table(two, ids):
     assert user_rows(two, 0) == {t: [] for t in USER_TABLES}
     assert user_rows(two, 1) == other
     # the redirects table marks the profile deleted: its history leaves the view at once
-    assert two.table("redirects").select("service_id", "into").to_dicts() == [{"service_id": service_id(0), "into": None}]
+    assert two.table("redirects").collect().select("service_id", "into").to_dicts() == [{"service_id": service_id(0), "into": None}]
     for found in (dict(external_ids=["a"]), dict(external_ids=["a-old"]), dict(user_aliases=[alias("ann")]),
                   dict(service_id=service_id(0))):
         r = export(two, ["external_id"], **found)
@@ -166,13 +166,13 @@ def test_delete_removes_every_row_of_the_user_in_every_table(two, ids):
 def test_the_deleted_count_counts_distinct_profiles(two):
     delete(two, 1, external_ids=["a", "a-old"], user_aliases=[alias("ann")], service_ids=[service_id(0)])
     delete(two, 0, external_ids=["a", "ghost"], user_aliases=[alias("nobody")], service_ids=["f" * 24])
-    assert two.table("profiles")["service_id"].to_list() == [service_id(1)]
+    assert two.table("profiles").collect()["service_id"].to_list() == [service_id(1)]
 
 
 def test_several_users_in_one_request(two):
     track_ok(two, attributes=[{"user_alias": alias("c"), "_update_existing_only": False}])
     delete(two, 3, external_ids=["a"], user_aliases=[alias("c")], service_ids=[service_id(1)])
-    assert {t: two.table(t).height for t in USER_TABLES} == {t: 0 for t in USER_TABLES}
+    assert {t: two.table(t).collect().height for t in USER_TABLES} == {t: 0 for t in USER_TABLES}
 
 
 def test_delete_then_track_creates_a_new_profile_with_a_new_service_id(two):

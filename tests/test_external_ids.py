@@ -68,7 +68,7 @@ def remove(ws: Workspace, *ids: Any) -> dict[str, Any]:
 
 
 def ids_table(ws: Workspace) -> list[tuple[str, str, bool]]:
-    return sorted(ws.table("external_ids").select("external_id", "service_id", "primary").rows())
+    return sorted(ws.table("external_ids").collect().select("external_id", "service_id", "primary").rows())
 
 
 def resolves_to(ws: Workspace, external_id: str) -> list[dict[str, Any]]:
@@ -139,7 +139,7 @@ def test_rename_makes_the_new_id_primary_and_keeps_the_old_one_resolving(tmp_pat
                              ("other", service_id(1), True)]
     assert resolves_to(ws, "a") == [{"external_id": "a2", "service_id": service_id(0)}]
     assert resolves_to(ws, "a2") == [{"external_id": "a2", "service_id": service_id(0)}]
-    df = ws.table("profiles")
+    df = ws.table("profiles").collect()
     rows = dict(df.select("service_id", "updated_at").rows())
     assert rows == {service_id(0): NOW + timedelta(hours=1), service_id(1): NOW}
     assert ws.export_users(ALL_FIELDS) == [base(0, "a2", custom_attributes={"x": 1}), base(1, "other")]
@@ -258,7 +258,7 @@ def test_deprecated_id_resolves_in_track_and_export(ws):
     track_ok(ws, attributes=[{"external_id": "a"}])
     rename_ok(ws, "a", "b")
     track_ok(ws, attributes=[{"external_id": "a", "x": 1}])
-    assert ws.table("profiles").height == 1
+    assert ws.table("profiles").collect().height == 1
     assert resolves_to(ws, "a") == [{"external_id": "b", "service_id": service_id(0)}]
     assert ws.export_users(["external_id", "custom_attributes"]) == [{"external_id": "b", "custom_attributes": {"x": 1}}]
 

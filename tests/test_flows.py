@@ -39,7 +39,7 @@ def requests_of(paths: list[Path]) -> list[dict[str, Any]]:
 
 def tables(store: Path) -> dict[str, pl.DataFrame]:
     ws = Workspace.open(store)
-    return {name: ws.table(name) for name in ws.table_names()}
+    return {name: ws.table(name).collect() for name in ws.table_names()}
 
 
 def store_files(store: Path) -> dict[str, bytes]:
@@ -77,9 +77,9 @@ def test_track_batch_applies_each_file_and_writes_its_responses(tmp_path: Path) 
         for name in ("attributes", "events", "purchases")
         for o in b.get(name, [])
     }
-    assert ws.table("profiles").height == len(ids)
-    assert ws.table("events").height == sum(len(b.get("events", [])) for b in bodies)
-    assert ws.table("purchases").height == sum(len(b.get("purchases", [])) for b in bodies)
+    assert ws.table("profiles").collect().height == len(ids)
+    assert ws.table("events").collect().height == sum(len(b.get("events", [])) for b in bodies)
+    assert ws.table("purchases").collect().height == sum(len(b.get("purchases", [])) for b in bodies)
     assert sum(count_objects(r) for r in requests) == 900
 
 
@@ -104,7 +104,7 @@ def test_the_flow_and_the_library_share_the_idempotency_key(tmp_path: Path) -> N
     folder, store = tmp_path / "requests", tmp_path / "store"
     [path] = workload(folder, users=10, objects=100, per_file=10)
     [applied] = track_batch(str(folder), str(store))
-    events = Workspace.open(store).table("events").height
+    events = Workspace.open(store).table("events").collect().height
 
     batch = read_request_file(path)
     again = Workspace.open(store).apply(batch.requests, idempotency_key=batch.idempotency_key)
@@ -112,7 +112,7 @@ def test_the_flow_and_the_library_share_the_idempotency_key(tmp_path: Path) -> N
     assert [{"status": r.status, "body": r.body} for r in again] == read_responses_file(
         applied.responses_path
     )
-    assert Workspace.open(store).table("events").height == events
+    assert Workspace.open(store).table("events").collect().height == events
 
 
 def test_a_changed_file_is_a_new_batch(tmp_path: Path) -> None:
@@ -128,7 +128,7 @@ def test_a_changed_file_is_a_new_batch(tmp_path: Path) -> None:
 
     track_batch(str(folder), str(store))
 
-    assert Workspace.open(store).table("events").height == 3
+    assert Workspace.open(store).table("events").collect().height == 3
 
 
 def test_parquet_and_ndjson_files_apply_in_sorted_name_order(tmp_path: Path) -> None:
@@ -244,7 +244,7 @@ def test_export_all_writes_every_user(tracked_store: Path, tmp_path: Path) -> No
     )
 
     ws = Workspace.open(tracked_store)
-    assert result.users == ws.table("profiles").height == 60
+    assert result.users == ws.table("profiles").collect().height == 60
     lines = (tmp_path / "all" / "users.ndjson").read_bytes().splitlines()
     assert [orjson.loads(line) for line in lines] == ws.export_users(
         ["external_id", "custom_attributes"]
@@ -266,7 +266,7 @@ def merge_request(pairs: list[tuple[str, str]]) -> dict[str, Any]:
 
 
 def external_ids(store: Path) -> list[str]:
-    return sorted(Workspace.open(store).table("external_ids")["external_id"].to_list())
+    return sorted(Workspace.open(store).table("external_ids").collect()["external_id"].to_list())
 
 
 @pytest.fixture

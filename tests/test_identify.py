@@ -176,7 +176,7 @@ def test_a_400_applies_nothing_of_the_request(ws):
     r = ws.call("POST", IDENTIFY, {"aliases_to_identify": [by_alias("u", "p"), by_alias("test", "p")]})
     assert (r.status, r.body) == (400, {"message": IDENTIFY_BLOCKED.format(where="aliases_to_identify[1]")})
     assert state_snapshot(ws) == before
-    assert ws.table("merges").height == 0
+    assert ws.table("merges").collect().height == 0
 
 
 # --- no user holds the external ID -----------------------------------------------------------------
@@ -194,7 +194,7 @@ def test_alias_with_an_unheld_external_id_gets_it_as_primary_id(tmp_path):
         custom_events=[{"name": "played", "first": ts(NOW), "last": ts(NOW), "count": 1}],
         push_tokens=[EXPORTED_TOKEN], devices=[{"device_id": "dp"}])]
     assert profile_row(ws, 0)["updated_at"] == NOW + timedelta(hours=1)
-    assert ws.table("external_ids").to_dicts() == [{"external_id": "u", "service_id": service_id(0), "primary": True}]
+    assert ws.table("external_ids").collect().to_dicts() == [{"external_id": "u", "service_id": service_id(0), "primary": True}]
 
 
 def test_email_with_an_unheld_external_id_gets_it(ws):
@@ -237,9 +237,9 @@ def test_held_external_id_without_merge_drops_the_anonymous_profiles_data(tmp_pa
         0, "u", first_name="U", custom_attributes={"shared": "from-u"}, user_aliases=[alias("p")],
         custom_events=[{"name": "e", "first": ts(NOW), "last": ts(NOW), "count": 1}],
         push_tokens=[EXPORTED_TOKEN], devices=[{"device_id": "dp"}])]
-    assert set(ws.table("events")["service_id"]) == {service_id(0)}
-    assert ws.table("purchases").height == 0
-    assert ws.table("profiles")["service_id"].to_list() == [service_id(0)]
+    assert set(ws.table("events").collect()["service_id"]) == {service_id(0)}
+    assert ws.table("purchases").collect().height == 0
+    assert ws.table("profiles").collect()["service_id"].to_list() == [service_id(0)]
     assert profile_row(ws, 0)["updated_at"] == NOW + timedelta(hours=1)
 
 
@@ -256,7 +256,7 @@ def test_held_external_id_with_merge_copies_the_identify_fields_but_not_email(tm
                        {"name": "only_p", "first": ts(NOW), "last": ts(NOW), "count": 1}],
         purchases=[{"name": "sku", "first": ts(NOW), "last": ts(NOW), "count": 1}], total_revenue=4.0,
         push_tokens=[EXPORTED_TOKEN], devices=[{"device_id": "dp"}])]
-    assert ws.table("profiles")["service_id"].to_list() == [service_id(0)]
+    assert ws.table("profiles").collect()["service_id"].to_list() == [service_id(0)]
     assert profile_row(ws, 0)["language_explicit"] is True
     assert profile_row(ws, 0)["updated_at"] == NOW + timedelta(hours=1)
 

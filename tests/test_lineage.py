@@ -36,7 +36,7 @@ def upd(source: dict[str, Any], target: dict[str, Any]) -> dict[str, Any]:
 
 def lineage(ws: Workspace) -> list[dict[str, Any]]:
     """The merges table in write order (by seq)."""
-    return ws.table("merges").sort("seq").to_dicts()
+    return ws.table("merges").collect().sort("seq").to_dicts()
 
 
 def pick(rows: list[dict[str, Any]], *columns: str) -> list[tuple[Any, ...]]:
@@ -117,7 +117,7 @@ def test_identify_rows(ws):
     ])
     r = ws.call("POST", ALIAS_NEW, {"user_aliases": [{**alias("wa"), "external_id": "w"}]})
     assert r.status == 200
-    before = ws.table("merges").height
+    before = ws.table("merges").collect().height
     r = ws.call("POST", IDENTIFY, {"aliases_to_identify": [
         {"external_id": "new", "user_alias": alias("p1")},
         {"external_id": "u", "user_alias": alias("p2")},
@@ -204,7 +204,7 @@ def test_delete_rows_one_per_identifier(ws):
 ])
 def test_a_400_writes_no_lineage(ws, path, body):
     assert ws.call("POST", path, body).status == 400
-    assert ws.table("merges").height == 0
+    assert ws.table("merges").collect().height == 0
 
 
 def test_rename_and_remove_errors_are_the_skip_reasons(ws):
@@ -282,7 +282,7 @@ def test_a_batch_of_every_endpoint_writes_the_same_lineage_as_calls(tmp_path):
     assert batch_ws.export_users(fields) == calls_ws.export_users(fields)
 
     def rows(ws: Workspace) -> list[dict[str, Any]]:
-        return ws.table("merges").sort("seq").drop("batch", "request").to_dicts()
+        return ws.table("merges").collect().sort("seq").drop("batch", "request").to_dicts()
 
     assert rows(batch_ws) == rows(calls_ws)
     assert [r["request"] for r in lineage(batch_ws)] == [1, 1, 2, 3, 3, 4, 4, 5, 6, 6, 8, 8, 8, 9]

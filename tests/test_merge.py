@@ -112,7 +112,7 @@ def one(ws: Workspace, **identifiers: Any) -> dict[str, Any]:
 
 
 def rows_of(ws: Workspace, table: str, n: int) -> list[dict[str, Any]]:
-    df = ws.table(table)
+    df = ws.table(table).collect()
     return df.filter(df["service_id"] == service_id(n)).to_dicts()
 
 
@@ -241,7 +241,7 @@ def test_a_400_applies_nothing_of_the_request(ws):
     r = ws.call("POST", MERGE, {"merge_updates": [OK, upd(ext("a"), {"email": E})]})
     assert (r.status, r.body) == (400, {"message": PRIORITIZATION.format(where=_where(1, "identifier_to_keep"))})
     assert state_snapshot(ws) == before
-    assert ws.table("merges").height == 0
+    assert ws.table("merges").collect().height == 0
     assert ws.state.next_update_seq == seq
 
 
@@ -339,10 +339,10 @@ def test_email_prioritization_picks_the_candidate_or_skips_when_ambiguous(clone,
     merge(ws, upd(by("email", "  Shared@EXAMPLE.com ", *prioritization), ext("keep")))
     keep = one(ws, external_ids=["keep"])
     if merged is None:  # ambiguous: nothing happens
-        assert ws.table("profiles").height == 5
+        assert ws.table("profiles").collect().height == 5
         assert "custom_attributes" not in keep and "email" not in keep
     else:
-        assert ws.table("profiles").height == 4
+        assert ws.table("profiles").collect().height == 4
         assert keep["custom_attributes"] == {"who": merged}
         assert keep["email"] == E
 
@@ -361,7 +361,7 @@ def test_phone_prioritization_picks_the_candidate_or_skips_when_ambiguous(clone,
     merge(ws, upd(by("phone", "+1 (555) 010-0000", *prioritization), ext("keep")))
     keep = one(ws, external_ids=["keep"])
     if merged is None:
-        assert ws.table("profiles").height == 5
+        assert ws.table("profiles").collect().height == 5
         assert "custom_attributes" not in keep
     else:
         assert keep["custom_attributes"] == {"who": merged}
@@ -487,7 +487,7 @@ def test_each_listed_profile_field_is_copied_when_the_target_has_none(clone, nam
     assert one(ws, external_ids=[f"b-{name}"]) == base(2 * i + 1, f"b-{name}", **{name: COPIED[name]})
     r = export(ws, ["external_id"], external_ids=[f"a-{name}"])
     assert r.body == {"message": "success", "users": [], "invalid_user_ids": [f"a-{name}"]}
-    assert ws.table("profiles").height == 2 * len(COPIED) - 1
+    assert ws.table("profiles").collect().height == 2 * len(COPIED) - 1
     if name == "language":  # with its explicit-language mark
         assert profile_row(ws, 2 * i + 1)["language_explicit"] is True
 
@@ -557,9 +557,9 @@ def test_events_and_purchases_move_with_summed_summaries(ws):
         ],
         total_revenue=26.5,
     )
-    assert set(ws.table("events")["service_id"]) == {service_id(1)}
-    assert set(ws.table("purchases")["service_id"]) == {service_id(1)}
-    redirects = ws.table("redirects").select("service_id", "into").to_dicts()
+    assert set(ws.table("events").collect()["service_id"]) == {service_id(1)}
+    assert set(ws.table("purchases").collect()["service_id"]) == {service_id(1)}
+    redirects = ws.table("redirects").collect().select("service_id", "into").to_dicts()
     assert redirects == [{"service_id": service_id(0), "into": service_id(1)}]
 
 
@@ -575,7 +575,7 @@ def test_push_tokens_move_and_subscription_groups_of_the_merged_profile_are_drop
     assert sorted(b["push_tokens"], key=lambda t: t["token"]) == [
         {"app": "app", "token": "ta", "device_id": "da"}, {"app": "app", "token": "tb", "device_id": "db"}]
     assert sorted(d["device_id"] for d in b["devices"]) == ["da", "db"]
-    assert ws.table("push_tokens")["service_id"].to_list() == [service_id(1)] * 2
+    assert ws.table("push_tokens").collect()["service_id"].to_list() == [service_id(1)] * 2
     assert group_states(ws, "g1") == {}
     assert group_states(ws, "g2") == {service_id(1): "unsubscribed"}
 

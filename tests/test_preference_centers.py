@@ -95,13 +95,13 @@ def email_subscribe(ws: Workspace, external_id: str) -> str | None:
 
 
 def snapshot(ws: Workspace) -> dict[str, pl.DataFrame]:
-    return {name: ws.table(name) for name in ("profiles", "subscriptions", "preference_centers",
+    return {name: ws.table(name).collect() for name in ("profiles", "subscriptions", "preference_centers",
                                               "preference_center_submits")}
 
 
 def assert_unchanged(ws: Workspace, before: dict[str, pl.DataFrame]) -> None:
     for name, frame in before.items():
-        assert_frame_equal(ws.table(name), frame)
+        assert_frame_equal(ws.table(name).collect(), frame)
 
 
 
@@ -172,7 +172,7 @@ def test_ids_are_uuids_from_seed_and_name(tmp_path):
     assert same.call("PUT", f"{BASE}/{CENTER_ID}", {"name": "old"}).status == 200
     again = create(same, "main")
     assert again != CENTER_ID
-    assert same.table("preference_centers").height == 2
+    assert same.table("preference_centers").collect().height == 2
 
 
 def test_names_are_unique(ws):
@@ -185,7 +185,7 @@ def test_names_are_unique(ws):
     assert (r.status, r.body) == (400, {"message": taken})
     # keeping its own name is no conflict
     assert ws.call("PUT", f"{BASE}/{first}", {"name": "main"}).status == 200
-    assert ws.table("preference_centers").sort("created_seq")["name"].to_list() == ["main", "other"]
+    assert ws.table("preference_centers").collect().sort("created_seq")["name"].to_list() == ["main", "other"]
 
 
 # --- validation (one store; nothing is written) -----------------------------------------------
@@ -248,7 +248,7 @@ INVALID_BODIES = [
 def test_create_rejects(shared, body, message):
     r = shared.call("POST", BASE, body)
     assert (r.status, r.body) == (400, {"message": message})
-    assert shared.table("preference_centers")["name"].to_list() == ["main"]
+    assert shared.table("preference_centers").collect()["name"].to_list() == ["main"]
 
 
 UPDATE_ONLY_INVALID = [
@@ -385,7 +385,7 @@ def test_round_trip_create_render_submit_export(users):
     assert r.status == 200
     assert email_subscribe(ws, "u3") == "unsubscribed"
     assert group_states(ws, "g1") == {service_id(2): "subscribed"}
-    log = ws.table("preference_center_submits")
+    log = ws.table("preference_center_submits").collect()
     assert log.select("center_id", "service_id", "fields").rows() == [
         (center_id, service_id(2),
          '{"subscription_group:g1":"subscribed","subscription_group:g2":"unsubscribed","email_global_state":"opted_in"}'),
@@ -412,7 +412,7 @@ def test_submit_for_a_user_without_external_id_goes_by_service_id(users):
     url = submit_url_of(render(ws, center_id, service_id=service_id(3)).body)
     assert url == expected_url(center_id, service_id(3))
     assert ws.call("POST", url, {"email_global_state": "opted_in"}).status == 200
-    states = dict(ws.table("profiles").select("service_id", "email_subscribe").rows())
+    states = dict(ws.table("profiles").collect().select("service_id", "email_subscribe").rows())
     assert states == {service_id(0): None, service_id(1): None, service_id(2): None, service_id(3): "opted_in"}
 
 
@@ -574,7 +574,7 @@ def test_apply_equals_call(tmp_path):
                                         {"external_id": "u2", "email_subscribe": "opted_in"}]
     for name in ("profiles", "subscriptions", "preference_centers", "preference_center_submits"):
         # row order inside a table is the engine's business; the rows must be equal
-        assert_frame_equal(batch.table(name), single.table(name), check_row_order=False)
+        assert_frame_equal(batch.table(name).collect(), single.table(name).collect(), check_row_order=False)
 
 
 def test_reopen_sees_centers_and_submits(tmp_path):
@@ -583,7 +583,7 @@ def test_reopen_sees_centers_and_submits(tmp_path):
     got = ws.call("GET", f"{BASE}/{CENTER_ID}").body
     again = Workspace.open(tmp_path / "store", clock=lambda: NOW)
     assert again.call("GET", f"{BASE}/{CENTER_ID}").body == got
-    assert again.table("preference_center_submits").height == 1
+    assert again.table("preference_center_submits").collect().height == 1
     assert render(again, CENTER_ID, external_id="u2").body == page_for(
         "same@x.com", expected_url(CENTER_ID, service_id(1)), g1="subscribed", email_global="opted_in")
 

@@ -26,7 +26,7 @@ from tests.crash_worker import (
 import engagelake.store.delta as delta
 from engagelake import Workspace
 from engagelake.store.delta import LEDGER
-from engagelake.store.schema import SCHEMAS, TABLES
+from engagelake.tables.schema import SCHEMAS, TABLES
 
 NOW = datetime(2026, 11, 22, 12, tzinfo=UTC)
 SEED = "crash"  # BATCH_1 / BATCH_2 stores use the worker's seed
@@ -48,11 +48,11 @@ def track(ws: Workspace, body: dict[str, Any]) -> None:
 
 
 def event_names(ws: Workspace) -> list[str]:
-    return sorted(ws.table("events")["name"].to_list())
+    return sorted(ws.table("events").collect()["name"].to_list())
 
 
 def service_ids(ws: Workspace) -> list[str]:
-    return ws.table("profiles").sort("created_seq")["service_id"].to_list()
+    return ws.table("profiles").collect().sort("created_seq")["service_id"].to_list()
 
 
 # --- reopening -----------------------------------------------------------------------------------
@@ -88,11 +88,11 @@ def test_reopen_continues_the_service_id_sequence(tmp_path: Path) -> None:
 def test_second_workspace_sees_the_first_ones_commits(tmp_path: Path) -> None:
     ws1 = open_ws(tmp_path / "s")
     ws2 = open_ws(tmp_path / "s")
-    assert ws2.table("events").height == 0
+    assert ws2.table("events").collect().height == 0
 
     track(ws1, ev("played"))
-    assert ws2.table("events").height == 1
-    assert ws2.table("profiles")["external_id"].to_list() == ["u1"]
+    assert ws2.table("events").collect().height == 1
+    assert ws2.table("profiles").collect()["external_id"].to_list() == ["u1"]
     assert ws2.export_users() == ws1.export_users()
 
     # and back: ws2 writes on top of ws1's commit, with the next service_id, losing nothing
@@ -120,18 +120,18 @@ def test_same_key_applies_once_and_returns_the_stored_responses(tmp_path: Path) 
 
     # Run again, the export would count 2 events: the stored answer says 1, and nothing is written.
     assert ws.apply(batch, idempotency_key="k") == first
-    assert ws.table("events").height == 1
+    assert ws.table("events").collect().height == 1
     assert disk_versions(tmp_path / "s") == versions
     # the key is in the store, not in the Workspace: a fresh one answers the same
     other = open_ws(tmp_path / "s")
     assert other.apply(batch, idempotency_key="k") == first
-    assert other.table("events").height == 1
+    assert other.table("events").collect().height == 1
     assert disk_versions(tmp_path / "s") == versions
 
     # another key is another batch
     second = ws.apply(batch, idempotency_key="k2")
     assert second[1].body["users"][0]["custom_events"][0]["count"] == 2
-    assert open_ws(tmp_path / "s").table("events").height == 2
+    assert open_ws(tmp_path / "s").table("events").collect().height == 2
 
 
 def test_same_key_with_nothing_to_write_still_returns_the_first_answer(tmp_path: Path) -> None:
@@ -156,8 +156,8 @@ def test_without_a_key_the_same_event_twice_records_two_events(tmp_path: Path) -
     track(ws, ev("played"))
     ws.apply([{"method": "POST", "path": TRACK, "body": ev("played")}])
     reopened = open_ws(tmp_path / "s")
-    assert reopened.table("events").height == 3
-    assert reopened.table("profiles").height == 1
+    assert reopened.table("events").collect().height == 3
+    assert reopened.table("profiles").collect().height == 1
     [user] = reopened.export_users(["custom_events"])
     assert user["custom_events"][0]["count"] == 3
 
@@ -189,7 +189,7 @@ def test_reader_opening_over_a_crashed_batch_sees_only_committed_data(tmp_path: 
     reader = open_ws(store)
     assert counts(reader) == committed_counts
     assert snapshot(reader) == committed
-    assert reader.table("profiles")["external_id"].to_list().count("u2") == 0
+    assert reader.table("profiles").collect()["external_id"].to_list().count("u2") == 0
     assert "played" not in event_names(reader)
     assert snapshot(old_reader) == committed
     assert snapshot(writer) == committed
@@ -208,7 +208,7 @@ def test_reader_refreshing_mid_commit_sees_only_committed_batches(
 
     def look_before_ledger(name: str) -> None:
         if name == "before_ledger" and not seen:
-            seen.append((event_names(reader), reader.table("profiles")["external_id"].to_list()))
+            seen.append((event_names(reader), reader.table("profiles").collect()["external_id"].to_list()))
 
     monkeypatch.setattr(delta, "_failpoint", look_before_ledger)
     track(writer, ev("b", "u2"))

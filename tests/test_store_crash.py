@@ -33,7 +33,7 @@ from tests.crash_worker import (
     tables_ahead,
 )
 
-from engagelake.store.schema import TABLES
+from engagelake.tables.schema import TABLES
 
 pytestmark = pytest.mark.slow
 
@@ -163,7 +163,7 @@ def test_writer_opened_before_a_crash_does_not_publish_the_torn_batch(
     assert long_lived.apply(next_batch) == expected_responses
     assert snapshot(long_lived) == expected
     fresh = open_store(store)
-    assert fresh.table("events")["name"].to_list().count("played") == 0, "BATCH_2's events leaked"
+    assert fresh.table("events").collect()["name"].to_list().count("played") == 0, "BATCH_2's events leaked"
     assert snapshot(fresh) == expected
 
 

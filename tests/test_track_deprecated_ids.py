@@ -18,7 +18,7 @@ NOW = datetime(2026, 11, 22, 12, tzinfo=UTC)
 
 def deprecate(ws: Workspace, old: str, current: str) -> None:
     """Record `old` as a deprecated external ID of the user whose primary ID is `current`."""
-    sid = ws.table("external_ids").filter(pl.col("external_id") == current)["service_id"].item()
+    sid = ws.table("external_ids").collect().filter(pl.col("external_id") == current)["service_id"].item()
     changes = Changes()
     changes.upsert("external_ids", pl.DataFrame({"external_id": [old], "service_id": [sid], "primary": [False]}))
     state = ws.state
@@ -34,7 +34,7 @@ def test_a_deprecated_external_id_updates_and_exports_the_same_user(tmp_path: Pa
     r = track(ws, attributes=[{"external_id": "old-id", "visits": {"inc": 2}}],
               events=[{"external_id": "old-id", "name": "e", "time": "2026-11-20T00:00:00Z"}])
     assert r.status == 201 and "errors" not in r.body
-    assert ws.table("profiles").height == 1  # no profile was created for the old ID
+    assert ws.table("profiles").collect().height == 1  # no profile was created for the old ID
     user = export_one(ws, "new-id", ["external_id", "custom_attributes", "custom_events"])
     assert user is not None
     assert user["external_id"] == "new-id"
@@ -47,11 +47,11 @@ def test_a_deprecated_external_id_updates_and_exports_the_same_user(tmp_path: Pa
 def test_language_set_through_the_api_is_marked_explicit(tmp_path: Path) -> None:
     ws = Workspace.open(tmp_path / "s", clock=lambda: NOW, seed="d")
     track(ws, attributes=[{"external_id": "a", "language": "FR"}, {"external_id": "b", "first_name": "B"}])
-    rows = ws.table("profiles").sort("external_id").select("external_id", "language", "language_explicit")
+    rows = ws.table("profiles").collect().sort("external_id").select("external_id", "language", "language_explicit")
     assert rows.to_dicts() == [
         {"external_id": "a", "language": "fr", "language_explicit": True},
         {"external_id": "b", "language": None, "language_explicit": False},
     ]
     track(ws, attributes=[{"external_id": "a", "language": None}])
-    row = ws.table("profiles").filter(pl.col("external_id") == "a").row(0, named=True)
+    row = ws.table("profiles").collect().filter(pl.col("external_id") == "a").row(0, named=True)
     assert (row["language"], row["language_explicit"]) == (None, False)

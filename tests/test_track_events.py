@@ -72,7 +72,7 @@ def test_identical_events_are_all_kept(ws):
     assert events_of(ws) == [summary("played", NOW, NOW, 2)]
     track_ok(ws, events=[ev()])
     assert events_of(ws) == [summary("played", NOW, NOW, 3)]
-    assert ws.table("events").height == 3
+    assert ws.table("events").collect().height == 3
 
 
 def test_identical_purchases_are_all_kept(ws):
@@ -82,7 +82,7 @@ def test_identical_purchases_are_all_kept(ws):
         "purchases": [summary("sku", NOW, NOW, 2)],
         "total_revenue": 20.0,
     }
-    assert ws.table("purchases").height == 2
+    assert ws.table("purchases").collect().height == 2
 
 
 def test_event_summaries_per_name(ws):
@@ -104,7 +104,7 @@ def test_event_summaries_per_name(ws):
 def test_event_properties_are_not_kept_on_the_profile(ws):
     track_ok(ws, events=[ev(properties={"plan": "pro", "seats": 3})])
     assert custom_attributes(ws, "u1") == {}
-    assert ws.table("events").height == 1
+    assert ws.table("events").collect().height == 1
 
 
 def test_events_never_change_profile_fields(ws):
@@ -180,7 +180,7 @@ def test_invalid_app_id(ws, app_id):
 
 def test_app_id_string_is_accepted(ws):
     track_ok(ws, events=[ev(app_id="ios-app")], purchases=[pu(app_id="ios-app")])
-    assert ws.table("events")["app_id"].to_list() == ["ios-app"]
+    assert ws.table("events").collect()["app_id"].to_list() == ["ios-app"]
 
 
 # --- properties --------------------------------------------------------------------------------------
@@ -211,8 +211,8 @@ def test_property_names_up_to_254_characters(ws):
         events=[ev(properties={"p" * 254: 1, "a$b": 2, "nested": {"k": [1, 2]}})],
         purchases=[pu(properties={"p" * 254: 1})],
     )
-    assert ws.table("events").height == 1
-    assert ws.table("purchases").height == 1
+    assert ws.table("events").collect().height == 1
+    assert ws.table("purchases").collect().height == 1
 
 
 def flat_props(size: int) -> dict[str, str]:
@@ -234,7 +234,7 @@ def nested_props(size: int) -> dict[str, list[str]]:
 )
 def test_properties_within_size_limits(ws, props):
     track_ok(ws, events=[ev(properties=props)], purchases=[pu(properties=props)])
-    assert ws.table("events").height == 1
+    assert ws.table("events").collect().height == 1
 
 
 @pytest.mark.parametrize(
@@ -278,7 +278,7 @@ def test_invalid_currency(ws, currency):
 @pytest.mark.parametrize("currency", ["USD", "EUR", "JPY"])
 def test_valid_currency(ws, currency):
     track_ok(ws, purchases=[pu(currency=currency)])
-    assert ws.table("purchases")["currency"].to_list() == [currency]
+    assert ws.table("purchases").collect()["currency"].to_list() == [currency]
 
 
 @pytest.mark.parametrize("price", ["9.99", True, False, None, DROP, [1], {"amount": 1}])
@@ -295,7 +295,7 @@ def test_valid_price(ws, price, revenue):
 
 def test_quantity_defaults_to_one(ws):
     track_ok(ws, purchases=[pu(price=4.5)])
-    assert ws.table("purchases")["quantity"].to_list() == [1]
+    assert ws.table("purchases").collect()["quantity"].to_list() == [1]
     assert field(ws, "u1", "total_revenue") == 4.5
 
 

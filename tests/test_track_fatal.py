@@ -74,7 +74,7 @@ def snapshot(ws) -> tuple[Any, dict[str, int]]:
     assert r.status == 200
     by_device = export(ws, ALL_FIELDS, device_id="dX")
     by_email = export(ws, ALL_FIELDS, email_address="fresh@example.com")
-    return (r.body, by_device.body, by_email.body), {t: ws.table(t).height for t in TABLES}
+    return (r.body, by_device.body, by_email.body), {t: ws.table(t).collect().height for t in TABLES}
 
 
 def valid_body() -> dict[str, Any]:
@@ -157,7 +157,7 @@ def test_more_than_75_objects(tmp_path, array):
     )
     ws = open_ws(tmp_path, "other")
     assert track(ws, **{array: many(array, 76)}) == fatal(FATAL_TOO_MANY.format(array=array))
-    assert ws.table("profiles").height == 0
+    assert ws.table("profiles").collect().height == 0
 
 
 @pytest.mark.parametrize("array", ["attributes", "events", "purchases"])

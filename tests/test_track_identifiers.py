@@ -419,7 +419,7 @@ def test_alias_never_creates_for_events_and_purchases(ws, array, flag):
     r = track(ws, **{array: [obj]})
     assert r.body == {"message": "success", f"{array}_processed": 1}
     assert profile_count(ws) == 0
-    assert ws.table(array).height == 0
+    assert ws.table(array).collect().height == 0
 
 
 @pytest.mark.parametrize("array", ["events", "purchases"])

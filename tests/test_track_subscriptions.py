@@ -181,7 +181,7 @@ def test_invalid_subscription_groups(ws, groups):
         ERR_SUBSCRIPTION_GROUPS,
     )
     assert not exists(ws, "x1")
-    assert ws.table("subscriptions").height == 0
+    assert ws.table("subscriptions").collect().height == 0
 
 
 # --- push tokens ---------------------------------------------------------------------------------------
@@ -204,7 +204,7 @@ def test_push_token_upsert_by_app_and_token(ws):
     track_ok(ws, attributes=[{"external_id": "u1", "push_tokens": [token("T1")]}])
     tokens = field(ws, "u1", "push_tokens")
     assert sorted(tokens, key=lambda t: t["app"]) == [exported("T1"), exported("T1", app="web")]
-    assert ws.table("push_tokens").height == 2
+    assert ws.table("push_tokens").collect().height == 2
 
 
 def test_empty_push_tokens_does_nothing(ws):
@@ -221,7 +221,7 @@ def test_a_push_token_has_one_owner(ws):
     assert export_users(ws, ["external_id", "push_tokens"], device_id="d1") == [
         {"external_id": "u2", "push_tokens": [exported("T1", "d1")]}
     ]
-    assert ws.table("push_tokens").height == 2
+    assert ws.table("push_tokens").collect().height == 2
 
 
 def test_a_token_moving_twice_in_one_request_ends_with_the_last_owner(ws):
@@ -256,7 +256,7 @@ def test_a_token_moving_twice_in_one_request_ends_with_the_last_owner(ws):
 def test_invalid_push_tokens(ws, tokens):
     only_error(track(ws, attributes=[{"external_id": "u1", "a": 1, "push_tokens": tokens}]), ERR_PUSH_TOKENS)
     assert not exists(ws, "u1")
-    assert ws.table("push_tokens").height == 0
+    assert ws.table("push_tokens").collect().height == 0
 
 
 # --- push_token_import -----------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from typing import Any
 import duckdb
 import orjson
 import polars as pl
+import polars.selectors as cs
 import pyarrow as pa
 
 from engagelake.errors import StaleStoreError, StoreError
@@ -35,7 +36,7 @@ from engagelake.rules.state import Changes, State, apply_changes
 from engagelake.rules.track import apply_track
 from engagelake.rules.validate import validate_track
 from engagelake.store.delta import DeltaStore
-from engagelake.store.schema import TABLES
+from engagelake.tables.schema import TABLES
 
 Clock = Callable[[], datetime]
 # Long runs of track requests are applied in passes of at most this many requests (up to ~170k
@@ -160,7 +161,8 @@ class Workspace:
         self.store = store
         self.clock = clock
         self.fields_required = fields_required
-        self._state: State | None = store.load()
+        # what the last batch read from the store: (table, column or "*" for whole, rows)
+        self.last_reads: list[tuple[str, str, int]] = []
 
     @classmethod
     def open(cls, uri: str | Path, *, clock: Clock | None = None, seed: str | None = None,
@@ -171,9 +173,11 @@ class Workspace:
 
     @property
     def state(self) -> State:
-        if self.store.refresh() or self._state is None:
-            self._state = self.store.load()
-        return self._state
+        """The committed store as rules see it: nothing is read until a rule asks for rows."""
+        self.store.refresh()
+        head = self.store.head
+        return State.over(self.store.snapshot(), next_profile_n=head.next_profile_n,
+                          next_update_seq=head.next_update_seq)
 
     # --- requests ------------------------------------------------------------------------------
     def call(self, method: str, path: str, body: Any = None, query: dict[str, Any] | None = None) -> Response:
@@ -207,23 +211,18 @@ class Workspace:
         raise StoreError(f"the store at {self.store.uri} kept changing under this batch; retry later")
 
     def _run_batch(self, body: Callable[[_Batch], None], n: int, idempotency_key: str | None) -> list[Response]:
-        state = self.state
-        # Let the pre-batch view go as soon as the first pass has replaced it: a long batch then
-        # holds two versions of the state at a time, not three. After a failure the next read
-        # reloads it from the store.
-        self._state = None
-        batch = _Batch(state, n, clock=self.clock(), seed=self.store.head.seed,
+        batch = _Batch(self.state, n, clock=self.clock(), seed=self.store.head.seed,
                        batch_id=idempotency_key or uuid.uuid4().hex)
         body(batch)
         batch.flush()
         final = [r for r in batch.responses if r is not None]
         assert len(final) == n
+        self.last_reads = batch.state.reads
         if batch.changes or idempotency_key is not None:
             self.store.commit(
                 batch.changes, key=idempotency_key, responses=[[r.status, r.body] for r in final],
                 next_profile_n=batch.state.next_profile_n, next_update_seq=batch.state.next_update_seq,
             )
-        self._state = batch.state
         return final
 
     def _dispatch(self, batch: _Batch, requests: list[dict[str, Any]]) -> None:
@@ -247,9 +246,7 @@ class Workspace:
     def compact(self) -> dict[str, int]:
         """Compact the store (see `DeltaStore.compact`): afterwards the files hold only current
         rows, so a deleted user's data is gone from disk. Returns the rows kept per table."""
-        kept = self.store.compact()
-        self._state = None
-        return kept
+        return self.store.compact()
 
     def lineage(self, identifier: str, *, kind: str = "external_id") -> pl.DataFrame:
         """Every lineage row of the profiles an identifier has named (now or in the past), and
@@ -277,23 +274,32 @@ class Workspace:
     def table_names(self) -> list[str]:
         return list(TABLES)
 
-    def table(self, name: str) -> pl.DataFrame:
-        """The current rows of one store table."""
+    def table(self, name: str) -> pl.LazyFrame:
+        """The current rows of one store table, lazily: filters and column choices are pushed
+        down into the Parquet reads. Event and purchase rows of merged profiles show under the
+        surviving profile."""
         if name not in TABLES:
             raise KeyError(f"no table {name!r}; tables: {', '.join(TABLES)}")
-        return self.state[name]
+        self.store.refresh()
+        return self.store.snapshot().current(name)
+
+    def duckdb(self, *, memory_limit: str | None = None) -> duckdb.DuckDBPyConnection:
+        """A DuckDB connection with one view per table holding its current rows (as `table`),
+        read straight from the Parquet files: it streams and spills within `memory_limit`."""
+        self.store.refresh()
+        con = duckdb.connect(config={"memory_limit": memory_limit} if memory_limit else {})
+        return self.store.snapshot().duckdb(con)
 
     def sql(self, query: str) -> pl.DataFrame:
         """Run DuckDB SQL over the current tables (named as in `table_names()`)."""
-        con = duckdb.connect()
+        con = self.duckdb()
         try:
-            for name in TABLES:
-                con.register(name, self.state[name].to_arrow())
             out = pl.from_arrow(con.sql(query).to_arrow_table())
         finally:
             con.close()
         assert isinstance(out, pl.DataFrame)
-        return out
+        # DuckDB labels aware timestamps with its session zone (Etc/UTC without ICU): say UTC
+        return out.with_columns(cs.datetime(time_zone="*").dt.convert_time_zone("UTC"))
 
     def export_users(self, fields_to_export: list[str] | None = None) -> list[dict[str, Any]]:
         """Every user, shaped as `/users/export/ids` shapes them, in creation order."""

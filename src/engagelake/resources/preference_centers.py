@@ -654,7 +654,7 @@ class PreferenceCenters:
 
     def render(self, center_id: str, user: str) -> str:
         """The page of a center for a user given by external_id (tried first) or service_id."""
-        known = self.ws.table("external_ids").filter(pl.col("external_id") == user).height
+        known = self.ws.table("external_ids").collect().filter(pl.col("external_id") == user).height
         query = {"external_id": user} if known else {"service_id": user}
         page: str = self._call("GET", f"{BASE}/{center_id}/page", query=query)
         return page

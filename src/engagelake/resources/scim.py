@@ -24,7 +24,7 @@ from engagelake.errors import ConfigError, RequestError
 from engagelake.routing import Context, Handler, Request, Response
 from engagelake.rules.formats import EMAIL_MAX, EMAIL_RE
 from engagelake.rules.state import Changes, State
-from engagelake.store.tables_scim import SCHEMAS
+from engagelake.tables.scim import SCHEMAS
 
 if TYPE_CHECKING:
     from engagelake.workspace import Workspace

@@ -17,7 +17,7 @@ from engagelake.rules import formats as F
 from engagelake.rules import messages as M
 from engagelake.rules.state import State
 from engagelake.rules.validate import normalize_email, normalize_phone
-from engagelake.store.schema import UTC_TS
+from engagelake.tables.schema import UTC_TS
 
 WINDOW = timedelta(days=90)
 POINT_READS_MAX = 1000  # up to this many users, exports read rows by binary search
@@ -176,10 +176,11 @@ def export_frame(state: State, users: pl.DataFrame, fields: list[str] | None, cl
                 t["device_id"] = device_id
             tokens.setdefault(sid, []).append(t)
     events = _summaries(_rows(state, "events", users), "name", clock) if "custom_events" in want else {}
-    purchases = _summaries(_rows(state, "purchases", users), "product_id", clock) if "purchases" in want else {}
+    bought = _rows(state, "purchases", users) if want & {"purchases", "total_revenue"} else None
+    purchases = _summaries(bought, "product_id", clock) if bought is not None and "purchases" in want else {}
     revenue: dict[str, float] = {}
-    if "total_revenue" in want:
-        r = _rows(state, "purchases", users).group_by("service_id").agg(
+    if bought is not None and "total_revenue" in want:
+        r = bought.group_by("service_id").agg(
             (pl.col("price") * pl.col("quantity")).sum().round(6).alias("rev"))
         revenue = dict(r.iter_rows())  # one row per exported user
     out = []

@@ -1,121 +1,159 @@
-"""The store's current view as frames, and the changes a batch makes to it."""
+"""The store as one batch sees it: stored rows read on demand, overlaid with the batch's changes.
+
+A `State` holds no copy of the store. Rules ask for rows by key (`rows_where`), and the state
+probes the store snapshot for the keys it has not seen yet; rows the batch wrote shadow the
+stored ones. So a batch reads what it touches, and memory follows the batch. `state[name]`
+still gives a whole table, read from the store on first use, for rules that need one (small
+resource tables, whole-store jobs).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import polars as pl
 
-from engagelake.store.schema import KEYS, TABLES, conform, empty
+from engagelake.tables.changes import Changes, remap_history
+from engagelake.tables.schema import KEYS, TABLES, empty
+from engagelake.tables.source import RowSource
+
+__all__ = ["Changes", "State", "apply_changes"]
+
+LOGS = tuple(name for name in TABLES if KEYS[name] is None and name in ("events", "purchases"))
 
 
 @dataclass(frozen=True)
 class State:
-    """Current rows of every table plus the store-wide counters."""
+    """Current rows as far as this batch has read or written them, plus the store counters.
 
-    tables: dict[str, pl.DataFrame]
+    `known[name]` holds stored rows read so far (unchanged) and the rows this batch wrote; for
+    the event and purchase logs it holds only the rows this batch appended, unless the log was
+    read whole. `shadow[name]` lists the keys the batch wrote or deleted: stored rows of those
+    keys are stale. `probed` remembers the values already looked up per (table, column), so a
+    key is read from the store once per batch. Tables in `whole` are complete in `known`."""
+
+    source: RowSource | None
+    known: dict[str, pl.DataFrame]
+    shadow: dict[str, pl.DataFrame] = field(default_factory=dict)
+    whole: set[str] = field(default_factory=set)
+    probed: dict[tuple[str, str], pl.Series] = field(default_factory=dict)
     next_profile_n: int = 0  # profiles ever created: the next service_id ordinal
     next_update_seq: int = 0  # objects ever applied: orders "most recently updated"
-    # read indexes built on first use for this version of the state (never carried over)
-    _sorted: dict[tuple[str, str], pl.DataFrame] = field(default_factory=dict, compare=False, repr=False)
+    reads: list[tuple[str, str, int]] = field(default_factory=list)  # (table, column or "*", rows read)
 
     @staticmethod
     def empty() -> State:
-        return State({name: empty(name) for name in TABLES})
+        """An empty store: every table whole and empty."""
+        return State(None, {name: empty(name) for name in TABLES}, whole=set(TABLES))
 
+    @staticmethod
+    def over(source: RowSource, *, next_profile_n: int, next_update_seq: int) -> State:
+        """A state that reads `source` on demand."""
+        return State(source, {name: empty(name) for name in TABLES},
+                     next_profile_n=next_profile_n, next_update_seq=next_update_seq)
+
+    # --- whole tables --------------------------------------------------------------------------
     def __getitem__(self, name: str) -> pl.DataFrame:
-        return self.tables[name]
+        if name not in self.whole:
+            self._read_whole(name)
+        return self.known[name]
 
-    def rows_where(self, name: str, column: str, values: list[str]) -> pl.DataFrame:
-        """Rows of `name` whose `column` is one of `values`, by binary search on a copy of the
-        table sorted by that column (built once per state version), so point reads such as
-        an export cost what they return, not the size of the table."""
-        key = (name, column)
-        if key not in self._sorted:
-            self._sorted[key] = self.tables[name].drop_nulls(column).sort(column)
-        table = self._sorted[key]
-        wanted = pl.Series(sorted(set(values)), dtype=pl.String)
-        col = table[column]
-        lo = col.search_sorted(wanted, side="left").to_list()
-        hi = col.search_sorted(wanted, side="right").to_list()
-        parts = [table.slice(a, b - a) for a, b in zip(lo, hi, strict=True) if b > a]
-        return pl.concat(parts) if parts else table.clear()
-
-
-@dataclass
-class Changes:
-    """Rows a batch writes, in order: upserts of keyed tables (whole new rows), deleted keys,
-    appended log rows. For each key the last change wins."""
-
-    parts: dict[str, list[pl.DataFrame]] = field(default_factory=dict)
-
-    def upsert(self, name: str, rows: pl.DataFrame) -> None:
-        if rows.height:
-            self.parts.setdefault(name, []).append(conform(name, rows).with_columns(_deleted=pl.lit(False)))
-
-    def delete(self, name: str, keys: pl.DataFrame) -> None:
+    def _read_whole(self, name: str) -> None:
+        assert self.source is not None
+        stored = self.source.scan(name).collect()
+        self.reads.append((name, "*", stored.height))
         key = KEYS[name]
-        assert key is not None, f"{name} is append-only"
-        if keys.height:
-            self.parts.setdefault(name, []).append(
-                conform(name, keys.select(key)).with_columns(_deleted=pl.lit(True)))
+        if key is None:
+            if name in LOGS:
+                stored = remap_history(stored, self["redirects"])
+            self.known[name] = pl.concat([stored, self.known[name]], how="vertical_relaxed")
+        else:
+            shadow = self.shadow.get(name)
+            if shadow is not None:  # stored rows keep their order; the batch's rows follow
+                stored = stored.join(shadow, on=list(key), how="anti")
+                mine = self.known[name].join(shadow, on=list(key), how="semi")
+            else:
+                mine = self.known[name].clear()
+            self.known[name] = pl.concat([stored, mine], how="vertical_relaxed")
+        self.whole.add(name)
 
-    def extend(self, other: Changes) -> None:
-        for name, frames in other.parts.items():
-            self.parts.setdefault(name, []).extend(frames)
+    # --- rows by key ---------------------------------------------------------------------------
+    def rows_where(self, name: str, column: str, values: Any) -> pl.DataFrame:
+        """Current rows of `name` whose `column` is one of `values`, reading from the store only
+        the values not looked up before in this batch. For the event and purchase logs `column`
+        must be `service_id`: the rows of merged profiles redirected into them are included."""
+        wanted = _values(values, self.known[name].schema[column])
+        if name in self.whole:
+            return self.known[name].filter(pl.col(column).is_in(wanted.implode()))
+        if name in LOGS:
+            return self._history(name, column, wanted)
+        self._probe(name, column, wanted)
+        return self.known[name].filter(pl.col(column).is_in(wanted.implode()))
 
-    def __bool__(self) -> bool:
-        return bool(self.parts)
+    def _probe(self, name: str, column: str, wanted: pl.Series) -> None:
+        assert self.source is not None
+        seen = self.probed.get((name, column))
+        new = wanted if seen is None else wanted.filter(~wanted.is_in(seen.implode()))
+        key = KEYS[name]
+        assert key is not None
+        if key == (column,):  # a key this batch already holds (or deleted) needs no read
+            for held in (self.known[name], self.shadow.get(name)):
+                if held is not None and held.height and new.len():
+                    new = new.filter(~new.is_in(held[column].implode()))
+        if new.len() == 0:
+            return
+        rows = self.source.probe(name, column, new)
+        self.reads.append((name, column, rows.height))
+        for stale in (self.shadow.get(name), self.known[name].select(key)):
+            if stale is not None and stale.height and rows.height:
+                rows = rows.join(stale, on=list(key), how="anti")
+        if rows.height:
+            self.known[name] = pl.concat([self.known[name], rows], how="vertical_relaxed")
+        self.probed[(name, column)] = new if seen is None else pl.concat([seen, new])
 
-    def merged(self) -> dict[str, tuple[pl.DataFrame | None, pl.DataFrame | None]]:
-        """Per table: (rows to write, keys deleted), the last change of each key winning."""
-        out: dict[str, tuple[pl.DataFrame | None, pl.DataFrame | None]] = {}
-        for name in TABLES:  # a fixed table order: the commit's failpoints depend on it
-            if name not in self.parts:
-                continue
-            frames, key = self.parts[name], KEYS[name]
-            rows = pl.concat(frames)
-            if key is not None:
-                rows = rows.unique(subset=list(key), keep="last", maintain_order=True)
-            ups = rows.filter(~pl.col("_deleted")).drop("_deleted")
-            dels = rows.filter(pl.col("_deleted")).select(key) if key is not None else None
-            out[name] = (ups if ups.height else None, dels if dels is not None and dels.height else None)
-        return out
+    def _history(self, name: str, column: str, users: pl.Series) -> pl.DataFrame:
+        """Log rows of `users`: their stored rows and those of profiles merged into them, moved
+        through the current redirects, plus the rows this batch appended."""
+        assert column == "service_id", "history is read by user"
+        assert self.source is not None
+        merged_in = self.rows_where("redirects", "into", users)["service_id"]
+        ids = pl.concat([users, merged_in]).unique()
+        redirects = self.rows_where("redirects", "service_id", ids)
+        stored = self.source.probe(name, "service_id", ids)
+        self.reads.append((name, column, stored.height))
+        stored = remap_history(stored, redirects).filter(pl.col("service_id").is_in(users.implode()))
+        mine = self.known[name].filter(pl.col("service_id").is_in(users.implode()))
+        return pl.concat([stored, mine], how="vertical_relaxed")
 
 
-def remap_history(log: pl.DataFrame, redirects: pl.DataFrame) -> pl.DataFrame:
-    """An event or purchase log with merged profiles' rows moved to the surviving profile and
-    deleted profiles' rows dropped (`redirects`: service_id -> into, null into = deleted)."""
-    if redirects.height == 0 or log.height == 0:
-        return log
-    gone = redirects.filter(pl.col("into").is_null())["service_id"]
-    moved = redirects.filter(pl.col("into").is_not_null())
-    if gone.len():
-        log = log.filter(~pl.col("service_id").is_in(gone.implode()))
-    if moved.height:  # a hash lookup per row, in place: no join, order kept
-        log = log.with_columns(pl.col("service_id").replace(moved["service_id"], moved["into"]))
-    return log
+def _values(values: Any, dtype: pl.DataType) -> pl.Series:
+    series = values if isinstance(values, pl.Series) else pl.Series(list(values), dtype=dtype)
+    return series.cast(dtype).drop_nulls().unique()
 
 
 def apply_changes(state: State, changes: Changes, *, next_profile_n: int, next_update_seq: int) -> State:
     """The state after `changes`: keyed tables replace rows by key, logs append."""
-    tables = dict(state.tables)
+    known, shadow = dict(state.known), dict(state.shadow)
     for name, (ups, dels) in changes.merged().items():
         key = KEYS[name]
-        cur = tables[name]
+        cur = known[name]
         if key is not None:
             gone = pl.concat([f.select(key) for f in (ups, dels) if f is not None])
-            # a cheap one-column probe first: only rows of touched users go through the join
+            # a cheap one-column probe first: only rows of touched keys go through the join
             first = gone[key[0]].unique().implode()
             touched = pl.col(key[0]).is_in(first)
             kept = cur.filter(touched).join(gone, on=list(key), how="anti")
             cur = pl.concat([cur.filter(~touched), kept], rechunk=False)
+            old = shadow.get(name)
+            shadow[name] = gone if old is None else pl.concat([old, gone]).unique()
         if ups is not None:
             cur = pl.concat([cur, ups], rechunk=False)
         if name == "redirects" and ups is not None:  # history follows merges, goes with deletes
-            for log in ("events", "purchases"):
-                tables[log] = remap_history(tables[log], ups)
+            for log in LOGS:
+                known[log] = remap_history(known[log], ups)
         if cur.n_chunks() > 64:  # many small batches: compact the in-memory chunks now and then
             cur = cur.rechunk()
-        tables[name] = cur
-    return State(tables, next_profile_n=next_profile_n, next_update_seq=next_update_seq)
+        known[name] = cur
+    return State(state.source, known, shadow, set(state.whole), dict(state.probed),
+                 next_profile_n=next_profile_n, next_update_seq=next_update_seq, reads=state.reads)

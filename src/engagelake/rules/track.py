@@ -27,7 +27,7 @@ from engagelake.rules.messages import ERR_UNKNOWN_SERVICE_ID
 from engagelake.rules.parse import ARRAYS, ParsedTrack
 from engagelake.rules.state import Changes, State
 from engagelake.rules.validate import ValidTrack
-from engagelake.store.schema import UTC_TS
+from engagelake.tables.schema import UTC_TS
 
 SEP = "\x1f"  # joins alias label and name, app_id and token, into one key
 
@@ -85,7 +85,8 @@ class _Batch:
             tkey=pl.col("app_id") + SEP + pl.col("token"))
         batch_tokens = valid.tokens.select(tkey=pl.col("app_id") + SEP + pl.col("token")).unique()
         self.state_tokens = (
-            state["push_tokens"].select(tkey=pl.col("app_id") + SEP + pl.col("token"), sid=pl.col("service_id"))
+            state.rows_where("push_tokens", "token", valid.tokens["token"])
+            .select(tkey=pl.col("app_id") + SEP + pl.col("token"), sid=pl.col("service_id"))
             .filter(pl.col("tkey").is_in(batch_tokens["tkey"].implode()))
         )
         self.prof = self._relevant_profiles(regular)
@@ -94,10 +95,9 @@ class _Batch:
         """The state profiles this batch can read or touch: its static targets, holders of the
         emails and phones it names, service IDs it names, owners of its push tokens. Every later
         lookup joins against this small frame instead of the whole store."""
-        prof = self.state["profiles"]
         fields = self.valid.fields
         strong_sids = self.strong_targets.filter(pl.col("target").is_not_null())["target"].unique()
-        target_emails = prof.filter(pl.col("service_id").is_in(strong_sids.implode()))["email"].drop_nulls()
+        target_emails = self.state.rows_where("profiles", "service_id", strong_sids)["email"].drop_nulls()
         emails = pl.concat([
             regular.filter(pl.col("kind") == "email")["key"],
             fields.filter(pl.col("field") == "email")["value"].drop_nulls(),
@@ -112,12 +112,12 @@ class _Batch:
             regular.filter(pl.col("kind") == "sid")["key"],
             self.state_tokens["sid"],
         ]).unique()
-        keep = (
-            pl.col("service_id").is_in(sids.implode())
-            | pl.col("email").is_in(emails.implode())
-            | pl.col("phone").is_in(phones.implode())
-        )
-        return prof.filter(keep).select(
+        prof = pl.concat([
+            self.state.rows_where("profiles", "service_id", sids),
+            self.state.rows_where("profiles", "email", emails),
+            self.state.rows_where("profiles", "phone", phones),
+        ]).unique("service_id", keep="first", maintain_order=True)
+        return prof.select(
             pl.col("service_id").alias("sid"), "email", "phone", "updated_at", "update_seq",
             pl.col("external_id").is_not_null().alias("has_ext"), "created_seq",
         )
@@ -127,10 +127,11 @@ class _Batch:
         strong = regular.filter(pl.col("kind").is_in(["ext", "alias"]))
         ext_keys = strong.filter(pl.col("kind") == "ext")["key"].unique().implode()
         alias_keys = strong.filter(pl.col("kind") == "alias")["key"].unique().implode()
+        alias_names = alias_keys.explode().str.split_exact(SEP, 1).struct.field("field_1")
         idx = pl.concat([
-            self.state["external_ids"].filter(pl.col("external_id").is_in(ext_keys)).select(
+            self.state.rows_where("external_ids", "external_id", ext_keys.explode()).select(
                 pl.lit("ext").alias("kind"), pl.col("external_id").alias("key"), pl.col("service_id").alias("sid0")),
-            self.state["aliases"].select(pl.lit("alias").alias("kind"),
+            self.state.rows_where("aliases", "alias_name", alias_names).select(pl.lit("alias").alias("kind"),
                                          (pl.col("alias_label") + SEP + pl.col("alias_name")).alias("key"),
                                          pl.col("service_id").alias("sid0")).filter(pl.col("key").is_in(alias_keys)),
         ])
@@ -339,7 +340,7 @@ class _Batch:
             .join(self.rejected_prev.select("seq", applied=pl.lit(False)), on="seq", how="left")
             .with_columns(pl.col("applied").fill_null(True))
         )
-        errs = attribute_errors(ops, self.state["attributes"])
+        errs = attribute_errors(ops, self.state.rows_where("attributes", "service_id", ops["service_id"]))
         return pl.concat([unknown, errs]).sort("seq")
 
 
@@ -394,8 +395,10 @@ def _changes(b: _Batch) -> tuple[Changes, int]:
     ]).sort("seq")
     updated = b.upd_tl.select(sid=real("sid"), seq="seq").group_by("sid").agg(pl.col("seq").max())
     touched = pl.concat([updated.select("sid"), writes.select("sid").unique()]).unique()
+    stored = state.rows_where("profiles", "service_id", touched.join(ids, left_on="sid", right_on="service_id",
+                                                                     how="anti")["sid"])
     base = pl.concat([
-        state["profiles"].join(touched, left_on="service_id", right_on="sid", how="semi"),
+        stored,
         new,
     ], how="diagonal_relaxed")
     last = writes.group_by("sid", "field").agg(pl.col("value").last())
@@ -413,7 +416,7 @@ def _changes(b: _Batch) -> tuple[Changes, int]:
     # push_opted_in_at: the clock, when push_subscribe changed to opted_in
     push = (
         writes.filter(pl.col("field") == "push_subscribe")
-        .join(state["profiles"].select(pl.col("service_id").alias("sid"), pl.col("push_subscribe").alias("old")),
+        .join(stored.select(pl.col("service_id").alias("sid"), pl.col("push_subscribe").alias("old")),
               on="sid", how="left")
         .with_columns(prev=pl.col("value").shift(1).over("sid"), first=pl.int_range(pl.len()).over("sid") == 0)
         .with_columns(prev=pl.when(pl.col("first")).then(pl.col("old")).otherwise(pl.col("prev")))
@@ -429,7 +432,8 @@ def _changes(b: _Batch) -> tuple[Changes, int]:
     changes.upsert("profiles", base)
     # custom attributes
     ops = b.valid.custom.join(b.accepted, on="seq").with_columns(service_id=real("target")).drop("target")
-    current = state["attributes"].join(ops.select("service_id", "name").unique(), on=["service_id", "name"], how="semi")
+    current = state.rows_where("attributes", "service_id", ops["service_id"]).join(
+        ops.select("service_id", "name").unique(), on=["service_id", "name"], how="semi")
     ups, dels = fold_attributes(ops, current)
     changes.upsert("attributes", ups)
     changes.delete("attributes", dels)

@@ -26,13 +26,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import duckdb
 import orjson
 import polars as pl
 from deltalake import DeltaTable, write_deltalake
 
 from engagelake.errors import StaleStoreError, StoreError
-from engagelake.rules.state import Changes, State, remap_history
-from engagelake.store.schema import KEYS, SCHEMAS, TABLES, UTC_TS
+from engagelake.tables.changes import Changes, remap_history
+from engagelake.tables.schema import KEYS, SCHEMAS, TABLES, UTC_TS, empty
 
 LEDGER = "_ledger"
 LEDGER_SCHEMA = {
@@ -83,6 +84,7 @@ class DeltaStore:
         self.head = self._read_head()
         self._ledger_table: DeltaTable | None = None
         self._ledger_version = -1
+        self._files: dict[tuple[str, int], list[str]] = {}  # data files per table version
 
     def _path(self, name: str) -> str:
         return f"{self.uri.rstrip('/')}/{name}"
@@ -169,32 +171,20 @@ class DeltaStore:
         self.head = head
         return changed
 
-    def read_table(self, name: str) -> pl.DataFrame:
-        """The current view of one table at the committed version."""
-        if name not in self.head.versions:  # a table newer than this store, never written yet
-            return pl.DataFrame(schema=SCHEMAS[name])
-        arrow = DeltaTable(self._path(name), version=self.head.versions[name]).to_pyarrow_table()
-        frame = pl.from_arrow(arrow)
-        assert isinstance(frame, pl.DataFrame)
-        key = KEYS[name]
-        if key is not None:
-            frame = (
-                frame.sort("_batch", maintain_order=True)
-                .unique(subset=list(key), keep="last", maintain_order=True)
-                .filter(~pl.col("_deleted"))
-            )
-        return frame.sort("_batch", maintain_order=True).drop("_batch", "_deleted")
+    def files(self, name: str, version: int | None) -> list[str]:
+        """The data files of one table version (cached: a version never changes)."""
+        if version is None:
+            return []
+        if (name, version) not in self._files:
+            if len(self._files) > 4 * len(TABLES):
+                self._files.clear()
+            self._files[(name, version)] = DeltaTable(self._path(name), version=version).file_uris()
+        return self._files[(name, version)]
 
-    def load(self) -> State:
+    def snapshot(self) -> Snapshot:
+        """The committed tables at the current head, read on demand (nothing is read here)."""
         self._settle_compaction()
-        tables = {name: self.read_table(name) for name in TABLES}
-        for log in ("events", "purchases"):
-            tables[log] = remap_history(tables[log], tables["redirects"])
-        return State(
-            tables,
-            next_profile_n=self.head.next_profile_n,
-            next_update_seq=self.head.next_update_seq,
-        )
+        return Snapshot(self, self.head)
 
     def find_batch(self, key: str) -> list[Any] | None:
         """Stored responses of the committed batch with this idempotency key, if any."""
@@ -253,9 +243,11 @@ class DeltaStore:
         with self._writer_lock():
             self.head = self._read_head()
             self._recover()
-            state = self.load()
-            gone = state["redirects"].filter(pl.col("into").is_null())["service_id"].implode()
-            tables = dict(state.tables)
+            snap = Snapshot(self, self.head)
+            tables = {name: snap.scan(name).collect() for name in TABLES}
+            for log in ("events", "purchases"):
+                tables[log] = remap_history(tables[log], tables["redirects"])
+            gone = tables["redirects"].filter(pl.col("into").is_null())["service_id"].implode()
             tables["merges"] = tables["merges"].with_columns(
                 [pl.when(pl.col("source_sid").is_in(gone) | pl.col("target_sid").is_in(gone)).then(None)
                  .otherwise(pl.col(c)).alias(c) for c in ("source", "target")])
@@ -300,3 +292,100 @@ class DeltaStore:
         self._append_ledger(batch_no, None, versions, self.head.next_profile_n, self.head.next_update_seq,
                             self.head.seed, [])
         self.head = Head(batch_no, versions, self.head.next_profile_n, self.head.next_update_seq, self.head.seed)
+
+
+class Snapshot:
+    """The stored tables at one committed head, read on demand: probes by key read only the
+    matching rows (Parquet predicate pushdown), scans are lazy. Implements `RowSource`."""
+
+    def __init__(self, store: DeltaStore, head: Head):
+        self.store = store
+        self.head = head
+
+    def files(self, name: str) -> list[str]:
+        """The data files of `name` at this head (each table version's log is read once)."""
+        return self.store.files(name, self.head.versions.get(name))
+
+    def _stored(self, name: str) -> pl.LazyFrame | None:
+        files = self.files(name)
+        return pl.scan_parquet(files, schema=_stored_schema(name)) if files else None
+
+    def scan(self, name: str) -> pl.LazyFrame:
+        rows = self._stored(name)
+        if rows is None:
+            return empty(name).lazy()
+        key = KEYS[name]
+        rows = rows.sort("_batch", maintain_order=True)
+        if key is not None:
+            rows = rows.unique(subset=list(key), keep="last", maintain_order=True).filter(~pl.col("_deleted"))
+        return rows.drop("_batch", "_deleted")
+
+    def probe(self, name: str, column: str, values: pl.Series) -> pl.DataFrame:
+        rows = self._stored(name)
+        if rows is None or values.len() == 0:
+            return empty(name)
+        wanted = pl.col(column).is_in(values.implode())
+        key = KEYS[name]
+        if key is None:
+            return rows.filter(wanted).sort("_batch", maintain_order=True).drop("_batch", "_deleted").collect()
+        if column in key:  # every row of a matching key matches: one pass
+            hits = rows.filter(wanted)
+        else:  # a secondary column: the keys that ever had the value, then their newest rows
+            keys = rows.filter(wanted).select(key).unique().collect()
+            hits = rows.filter(*[pl.col(k).is_in(keys[k].unique().implode()) for k in key]).join(
+                keys.lazy(), on=list(key), how="semi")
+        current = (
+            hits.sort("_batch", maintain_order=True)
+            .unique(subset=list(key), keep="last", maintain_order=True)
+            .filter(~pl.col("_deleted"))
+        )
+        if column not in key:
+            current = current.filter(wanted)
+        return current.drop("_batch", "_deleted").collect()
+
+    def current(self, name: str) -> pl.LazyFrame:
+        """What readers see of `name`: current rows, and for the event and purchase logs the
+        history of merged profiles moved to the survivor (deleted profiles' history dropped)."""
+        rows = self.scan(name)
+        if name not in HISTORY:
+            return rows
+        redirects = self.scan("redirects").select("service_id", "into", _redirected=pl.lit(True))
+        return (
+            rows.join(redirects, on="service_id", how="left", maintain_order="left")
+            .filter(pl.col("_redirected").is_null() | pl.col("into").is_not_null())
+            .with_columns(service_id=pl.coalesce("into", "service_id"))
+            .drop("into", "_redirected")
+        )
+
+    def duckdb(self, con: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection:
+        """Views of every table's current rows in `con`, read by DuckDB's own Parquet reader (it
+        streams, prunes and spills within the connection's memory_limit)."""
+        for name in sorted(TABLES, key=lambda n: n in HISTORY):  # history views read redirects
+            files = self.files(name)
+            if not files:
+                con.register(f"_empty_{name}", empty(name).to_arrow())
+                con.execute(f'CREATE OR REPLACE VIEW "{name}" AS SELECT * FROM "_empty_{name}"')
+                continue
+            columns = ", ".join(f'"{c}"' for c in SCHEMAS[name])
+            raw = f"read_parquet([{', '.join(_sql_text(f) for f in files)}])"
+            key = KEYS[name]
+            if key is None:
+                body = f"SELECT {columns} FROM {raw} ORDER BY _batch"
+            else:
+                by = ", ".join(f'"{k}"' for k in key)
+                body = (f"SELECT {columns} FROM (SELECT * FROM {raw} QUALIFY row_number() OVER "
+                        f"(PARTITION BY {by} ORDER BY _batch DESC) = 1) WHERE NOT _deleted")
+            if name in HISTORY:
+                con.execute(f'CREATE OR REPLACE VIEW "_stored_{name}" AS {body}')
+                body = (f'SELECT h.* REPLACE (coalesce(r."into", h.service_id) AS service_id) '
+                        f'FROM "_stored_{name}" h LEFT JOIN redirects r USING (service_id) '
+                        f'WHERE r.service_id IS NULL OR r."into" IS NOT NULL')
+            con.execute(f'CREATE OR REPLACE VIEW "{name}" AS {body}')
+        return con
+
+
+HISTORY = ("events", "purchases")  # logs whose rows follow redirects
+
+
+def _sql_text(value: str) -> str:
+    return "'" + value.replace("'", "''") + "'"

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import polars as pl
 
-from engagelake.store import (
-    tables_campaigns,
-    tables_catalogs,
-    tables_preference_centers,
-    tables_scim,
-)
+from engagelake.tables import campaigns as tables_campaigns
+from engagelake.tables import catalogs as tables_catalogs
+from engagelake.tables import preference_centers as tables_preference_centers
+from engagelake.tables import scim as tables_scim
 
 UTC_TS = pl.Datetime("us", "UTC")
 

@@ -1,0 +1,65 @@
+"""The changes a batch makes to the tables, and how history follows redirects."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import polars as pl
+
+from engagelake.tables.schema import KEYS, TABLES, conform
+
+
+@dataclass
+class Changes:
+    """Rows a batch writes, in order: upserts of keyed tables (whole new rows), deleted keys,
+    appended log rows. For each key the last change wins."""
+
+    parts: dict[str, list[pl.DataFrame]] = field(default_factory=dict)
+
+    def upsert(self, name: str, rows: pl.DataFrame) -> None:
+        if rows.height:
+            self.parts.setdefault(name, []).append(conform(name, rows).with_columns(_deleted=pl.lit(False)))
+
+    def delete(self, name: str, keys: pl.DataFrame) -> None:
+        key = KEYS[name]
+        assert key is not None, f"{name} is append-only"
+        if keys.height:
+            self.parts.setdefault(name, []).append(
+                conform(name, keys.select(key)).with_columns(_deleted=pl.lit(True)))
+
+    def extend(self, other: Changes) -> None:
+        for name, frames in other.parts.items():
+            self.parts.setdefault(name, []).extend(frames)
+
+    def __bool__(self) -> bool:
+        return bool(self.parts)
+
+    def merged(self) -> dict[str, tuple[pl.DataFrame | None, pl.DataFrame | None]]:
+        """Per table: (rows to write, keys deleted), the last change of each key winning."""
+        out: dict[str, tuple[pl.DataFrame | None, pl.DataFrame | None]] = {}
+        for name in TABLES:  # a fixed table order: the commit's failpoints depend on it
+            if name not in self.parts:
+                continue
+            frames, key = self.parts[name], KEYS[name]
+            rows = pl.concat(frames)
+            if key is not None:
+                rows = rows.unique(subset=list(key), keep="last", maintain_order=True)
+            ups = rows.filter(~pl.col("_deleted")).drop("_deleted")
+            dels = rows.filter(pl.col("_deleted")).select(key) if key is not None else None
+            out[name] = (ups if ups.height else None, dels if dels is not None and dels.height else None)
+        return out
+
+
+def remap_history(log: pl.DataFrame, redirects: pl.DataFrame) -> pl.DataFrame:
+    """An event or purchase log with merged profiles' rows moved to the surviving profile and
+    deleted profiles' rows dropped (`redirects`: service_id -> into, null into = deleted).
+    Redirects are kept flat (every `into` is a live profile), so one lookup is enough."""
+    if redirects.height == 0 or log.height == 0:
+        return log
+    gone = redirects.filter(pl.col("into").is_null())["service_id"]
+    moved = redirects.filter(pl.col("into").is_not_null())
+    if gone.len():
+        log = log.filter(~pl.col("service_id").is_in(gone.implode()))
+    if moved.height:  # a hash lookup per row, in place: no join, order kept
+        log = log.with_columns(pl.col("service_id").replace(moved["service_id"], moved["into"]))
+    return log

@@ -1,0 +1,21 @@
+"""What the rules may ask of the stored tables: probes by key and whole scans, at one version.
+
+A store snapshot implements this; `rules.state.State` reads through it, so rules never import
+the store and the store never imports rules."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import polars as pl
+
+
+class RowSource(Protocol):
+    def probe(self, name: str, column: str, values: pl.Series) -> pl.DataFrame:
+        """Current stored rows of `name` whose `column` is one of `values` (log tables: the
+        stored rows as written, history not remapped through redirects)."""
+        ...
+
+    def scan(self, name: str) -> pl.LazyFrame:
+        """Every current stored row of `name`, lazily (log tables: as written)."""
+        ...

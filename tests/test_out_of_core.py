@@ -1,0 +1,132 @@
+"""A batch reads what it touches: the rows of its users, never the history logs or other users.
+
+`Workspace.last_reads` lists what the last batch read from the store: (table, column, rows),
+with column "*" for a whole table. These tests count those rows on a store of many users.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import polars as pl
+from tests.helpers import EXPORT, NOW, SEED, TRACK, iso
+
+from engagelake import Workspace
+from engagelake.tables.schema import KEYS, SCHEMAS
+
+USERS = 300
+
+
+def _build(tmp_path: Path) -> Path:
+    """A store of USERS users, each with an email, two attributes, a token, events, purchases."""
+    ws = Workspace.open(tmp_path / "s", clock=lambda: NOW, seed=SEED)
+    attributes = [{"external_id": f"u{i}", "email": f"u{i}@x.io", "plan": "gold", "visits": i,
+                   "push_tokens": [{"app_id": "app", "token": f"t{i}"}]} for i in range(USERS)]
+    events = [{"external_id": f"u{i}", "name": "open", "time": iso(NOW)} for i in range(USERS)]
+    purchases = [{"external_id": f"u{i}", "product_id": "p", "currency": "USD", "price": 1, "time": iso(NOW)}
+                 for i in range(USERS)]
+    for start in range(0, USERS, 75):  # several batches: several files per table
+        r = ws.apply([{"method": "POST", "path": TRACK, "body": {
+            "attributes": attributes[start:start + 75],
+            "events": events[start:start + 75], "purchases": purchases[start:start + 75]}}])
+        assert r[0].status == 201 and "errors" not in r[0].body
+    return tmp_path / "s"
+
+
+def _rows(reads: list[tuple[str, str, int]], table: str) -> int:
+    return sum(n for name, _, n in reads if name == table)
+
+
+def test_opening_a_store_reads_nothing_but_its_head(tmp_path: Path) -> None:
+    ws = Workspace.open(_build(tmp_path), clock=lambda: NOW)
+    assert ws.last_reads == []
+    state = ws.state
+    assert state.reads == [] and state.next_profile_n == USERS
+
+
+def test_a_track_batch_reads_only_its_users_and_never_history(tmp_path: Path) -> None:
+    ws = Workspace.open(_build(tmp_path), clock=lambda: NOW)
+    r = ws.call("POST", TRACK, {
+        "attributes": [{"external_id": "u1", "visits": {"inc": 1}}, {"external_id": "u2", "plan": "silver"},
+                       {"external_id": "new", "email": "new@x.io"}],
+        "events": [{"external_id": "u3", "name": "open", "time": iso(NOW)}],
+        "purchases": [{"external_id": "u1", "product_id": "p", "currency": "USD", "price": 2, "time": iso(NOW)}],
+    })
+    assert r.status == 201 and "errors" not in r.body
+    reads = ws.last_reads
+    assert reads, "the batch must read the store"
+    assert all(column != "*" for _, column, _ in reads), f"a whole table was read: {reads}"
+    assert _rows(reads, "events") == 0 and _rows(reads, "purchases") == 0
+    assert not any(name in ("events", "purchases") for name, _, _ in reads)
+    # u1, u2 and u3, read by service_id and again as holders of their emails (same-email propagation)
+    assert _rows(reads, "profiles") <= 2 * 3
+    assert _rows(reads, "external_ids") == 3
+    assert _rows(reads, "attributes") <= 2 * 3  # the attributes of u1 and u2 at most
+    assert sum(n for _, _, n in reads) < 30
+
+
+def test_an_email_batch_reads_the_holders_of_its_emails(tmp_path: Path) -> None:
+    ws = Workspace.open(_build(tmp_path), clock=lambda: NOW)
+    r = ws.call("POST", TRACK, {"attributes": [
+        {"email": "u7@x.io", "first_name": "Seven"}, {"email": "nobody@x.io", "first_name": "N"}]})
+    assert r.status == 201 and "errors" not in r.body
+    assert _rows(ws.last_reads, "profiles") == 1
+    assert all(column != "*" for _, column, _ in ws.last_reads)
+    export = ws.call("POST", EXPORT, {"external_ids": ["u7"], "fields_to_export": ["first_name"]})
+    assert export.body["users"] == [{"first_name": "Seven"}]
+
+
+def test_an_export_reads_the_history_of_its_users_only(tmp_path: Path) -> None:
+    ws = Workspace.open(_build(tmp_path), clock=lambda: NOW)
+    fields = ["external_id", "custom_attributes", "custom_events", "purchases", "push_tokens", "total_revenue"]
+    r = ws.call("POST", EXPORT, {"external_ids": ["u4", "u5"], "fields_to_export": fields})
+    assert r.status == 200 and len(r.body["users"]) == 2
+    assert r.body["users"][0]["custom_events"][0]["count"] == 1
+    reads = ws.last_reads
+    assert all(column != "*" for _, column, _ in reads), reads
+    assert _rows(reads, "events") == 2 and _rows(reads, "purchases") == 2
+    assert _rows(reads, "profiles") == 2
+
+
+def test_history_of_a_merged_user_is_read_through_its_redirect(tmp_path: Path) -> None:
+    ws = Workspace.open(_build(tmp_path), clock=lambda: NOW)
+    r = ws.call("POST", "/users/merge", {"merge_updates": [
+        {"identifier_to_merge": {"external_id": "u8"}, "identifier_to_keep": {"external_id": "u9"}}]})
+    assert r.status == 202
+    ws = Workspace.open(tmp_path / "s", clock=lambda: NOW)
+    r = ws.call("POST", EXPORT, {"external_ids": ["u9"], "fields_to_export": ["custom_events", "purchases"]})
+    assert r.body["users"][0]["custom_events"][0]["count"] == 2
+    assert r.body["users"][0]["purchases"][0]["count"] == 2
+    assert _rows(ws.last_reads, "events") == 2  # u9's own row and u8's, nobody else's
+
+
+def _sorted_rows(frame: pl.DataFrame) -> list[str]:
+    return sorted(map(repr, frame.rows()))
+
+
+def test_polars_and_duckdb_readers_see_exactly_the_current_rows(tmp_path: Path) -> None:
+    ws = Workspace.open(_build(tmp_path), clock=lambda: NOW)
+    ws.call("POST", TRACK, {"attributes": [{"external_id": "u1", "plan": None, "first_name": "One"},
+                                           {"external_id": "u2", "plan": "silver"}]})
+    ws.call("POST", "/users/merge", {"merge_updates": [
+        {"identifier_to_merge": {"external_id": "u8"}, "identifier_to_keep": {"external_id": "u9"}}]})
+    ws.call("POST", "/users/delete", {"external_ids": ["u3"]})
+    for name in ws.table_names():
+        lazy = ws.table(name)
+        assert isinstance(lazy, pl.LazyFrame)
+        rows = lazy.collect()
+        assert rows.columns == list(SCHEMAS[name])
+        key = KEYS[name]
+        if key is not None:
+            assert rows.select(key).is_duplicated().sum() == 0, f"{name} has duplicate keys"
+        assert _sorted_rows(ws.sql(f'select * from "{name}"')) == _sorted_rows(rows), name
+    profiles = ws.table("profiles").collect()
+    assert profiles.height == USERS - 2  # u8 merged away, u3 deleted
+    assert profiles.filter(pl.col("external_id") == "u1")["first_name"].item() == "One"
+    attributes = ws.table("attributes").collect()
+    sid1 = profiles.filter(pl.col("external_id") == "u1")["service_id"].item()
+    assert attributes.filter(pl.col("service_id") == sid1)["name"].to_list() == ["visits"]  # plan unset
+    events = ws.table("events").collect()
+    sid9 = profiles.filter(pl.col("external_id") == "u9")["service_id"].item()
+    assert events.height == USERS - 1 and events.filter(pl.col("service_id") == sid9).height == 2
+    assert ws.sql("select count(*) as n from events").item() == USERS - 1
