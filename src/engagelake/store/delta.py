@@ -29,9 +29,10 @@ from typing import Any
 import duckdb
 import orjson
 import polars as pl
-from deltalake import DeltaTable, write_deltalake
+from deltalake import DeltaTable, WriterProperties, write_deltalake
 
 from engagelake.errors import StaleStoreError, StoreError
+from engagelake.store.runs import ROW_GROUP_ROWS, SORT_BY, FooterCache, read_where, sort_for_write
 from engagelake.tables.changes import Changes, remap_history
 from engagelake.tables.schema import KEYS, SCHEMAS, TABLES, UTC_TS, empty
 
@@ -47,6 +48,7 @@ LEDGER_SCHEMA = {
     "responses": pl.String(),  # JSON [[status, body], ...]
 }
 CRASH_ENV = "ENGAGELAKE_CRASH_AT"
+WRITER = WriterProperties(max_row_group_size=ROW_GROUP_ROWS)
 COMPACTING = "_compacting"  # marker file: a compaction is under way
 
 
@@ -85,6 +87,7 @@ class DeltaStore:
         self._ledger_table: DeltaTable | None = None
         self._ledger_version = -1
         self._files: dict[tuple[str, int], list[str]] = {}  # data files per table version
+        self.footers = FooterCache()
 
     def _path(self, name: str) -> str:
         return f"{self.uri.rstrip('/')}/{name}"
@@ -222,7 +225,8 @@ class DeltaStore:
             )
             if name not in versions and not DeltaTable.is_deltatable(self._path(name)):
                 self._create_table(name)
-            write_deltalake(self._path(name), rows.to_arrow(), mode="append")
+            rows = sort_for_write(name, rows, KEYS[name])
+            write_deltalake(self._path(name), rows.to_arrow(), mode="append", writer_properties=WRITER)
             versions[name] = DeltaTable(self._path(name)).version()
             _failpoint(f"after_table:{name}")
         _failpoint("before_ledger")
@@ -260,7 +264,8 @@ class DeltaStore:
                 # old log entries hold column statistics of old files: let cleanup drop them
                 DeltaTable(self._path(name)).alter.set_table_properties({"delta.logRetentionDuration": "interval 0 days"})
                 rows = tables[name].with_columns(_batch=pl.lit(batch_no, pl.Int64), _deleted=pl.lit(False))
-                write_deltalake(self._path(name), rows.select(list(_stored_schema(name))).to_arrow(), mode="overwrite")
+                rows = sort_for_write(name, rows.select(list(_stored_schema(name))), KEYS[name])
+                write_deltalake(self._path(name), rows.to_arrow(), mode="overwrite", writer_properties=WRITER)
                 _failpoint(f"compact:{name}")
                 table = DeltaTable(self._path(name))
                 table.vacuum(retention_hours=0, enforce_retention_duration=False, dry_run=False)
@@ -295,8 +300,9 @@ class DeltaStore:
 
 
 class Snapshot:
-    """The stored tables at one committed head, read on demand: probes by key read only the
-    matching rows (Parquet predicate pushdown), scans are lazy. Implements `RowSource`."""
+    """The stored tables at one committed head, read on demand: a probe by a table's sort
+    column reads only the row groups that can hold its values (`store/runs.py`); other probes
+    scan one column with predicate pushdown; scans are lazy. Implements `RowSource`."""
 
     def __init__(self, store: DeltaStore, head: Head):
         self.store = store
@@ -320,28 +326,36 @@ class Snapshot:
             rows = rows.unique(subset=list(key), keep="last", maintain_order=True).filter(~pl.col("_deleted"))
         return rows.drop("_batch", "_deleted")
 
-    def probe(self, name: str, column: str, values: pl.Series) -> pl.DataFrame:
+    def _read_where(self, name: str, column: str, values: pl.Series) -> pl.DataFrame:
+        """Stored rows (all versions) of `name` whose `column` is one of `values`: by fence
+        pointers on the sort column, else a scan of that column with predicate pushdown."""
+        if column == SORT_BY.get(name):
+            return read_where(self.files(name), column, values, self.store.footers, _stored_schema(name))
         rows = self._stored(name)
-        if rows is None or values.len() == 0:
+        assert rows is not None
+        return rows.filter(pl.col(column).is_in(values.implode())).collect()
+
+    def probe(self, name: str, column: str, values: pl.Series) -> pl.DataFrame:
+        if not self.files(name) or values.len() == 0:
             return empty(name)
-        wanted = pl.col(column).is_in(values.implode())
         key = KEYS[name]
         if key is None:
-            return rows.filter(wanted).sort("_batch", maintain_order=True).drop("_batch", "_deleted").collect()
+            hits = self._read_where(name, column, values)
+            return hits.sort("_batch", maintain_order=True).drop("_batch", "_deleted")
         if column in key:  # every row of a matching key matches: one pass
-            hits = rows.filter(wanted)
+            hits = self._read_where(name, column, values)
         else:  # a secondary column: the keys that ever had the value, then their newest rows
-            keys = rows.filter(wanted).select(key).unique().collect()
-            hits = rows.filter(*[pl.col(k).is_in(keys[k].unique().implode()) for k in key]).join(
-                keys.lazy(), on=list(key), how="semi")
+            keys = self._read_where(name, column, values).select(key).unique()
+            lead = SORT_BY.get(name, key[0])
+            hits = self._read_where(name, lead, keys[lead]).join(keys, on=list(key), how="semi")
         current = (
             hits.sort("_batch", maintain_order=True)
             .unique(subset=list(key), keep="last", maintain_order=True)
             .filter(~pl.col("_deleted"))
         )
         if column not in key:
-            current = current.filter(wanted)
-        return current.drop("_batch", "_deleted").collect()
+            current = current.filter(pl.col(column).is_in(values.implode()))
+        return current.drop("_batch", "_deleted")
 
     def current(self, name: str) -> pl.LazyFrame:
         """What readers see of `name`: current rows, and for the event and purchase logs the
