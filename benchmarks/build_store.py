@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from rich.table import Table
+
 from bench_track import (
     CATEGORIES,
     COUNTRIES,
@@ -37,7 +39,6 @@ from bench_track import (
     pack,
     vm_rss,
 )
-from rich.table import Table
 
 EVENTS_PER_USER = 2.0
 PURCHASES_PER_USER = 0.5
