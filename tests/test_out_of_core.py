@@ -130,3 +130,26 @@ def test_polars_and_duckdb_readers_see_exactly_the_current_rows(tmp_path: Path) 
     sid9 = profiles.filter(pl.col("external_id") == "u9")["service_id"].item()
     assert events.height == USERS - 1 and events.filter(pl.col("service_id") == sid9).height == 2
     assert ws.sql("select count(*) as n from events").item() == USERS - 1
+
+
+def test_a_merge_batch_reads_only_the_profiles_it_merges(tmp_path: Path) -> None:
+    ws = Workspace.open(_build(tmp_path), clock=lambda: NOW)
+    r = ws.call("POST", "/users/merge", {"merge_updates": [
+        {"identifier_to_merge": {"external_id": "u8"}, "identifier_to_keep": {"external_id": "u9"}},
+        {"identifier_to_merge": {"email": "u10@x.io", "prioritization": ["identified"]}, "identifier_to_keep": {"external_id": "u11"}}]})
+    assert r.status == 202
+    reads = ws.last_reads
+    assert all(column != "*" for _, column, _ in reads), reads
+    assert not any(name in ("events", "purchases") for name, _, _ in reads)  # history moves by redirect
+    assert _rows(reads, "profiles") <= 2 * 4 and _rows(reads, "attributes") <= 2 * 4
+    merged = ws.call("POST", EXPORT, {"external_ids": ["u9", "u11"], "fields_to_export": ["custom_events"]})
+    assert [u["custom_events"][0]["count"] for u in merged.body["users"]] == [2, 2]
+
+
+def test_the_memory_limit_bounds_duckdb(tmp_path: Path, monkeypatch) -> None:
+    ws = Workspace.open(tmp_path / "s", memory_limit="300MB")
+    con = ws.duckdb()
+    assert con.execute("select current_setting('memory_limit')").fetchall()[0][0] in ("286.1 MiB", "300.0 MB")
+    monkeypatch.setenv("ENGAGELAKE_MEMORY_LIMIT", "200MB")
+    limit = Workspace.open(tmp_path / "s").duckdb().execute("select current_setting('memory_limit')").fetchall()[0][0]
+    assert limit in ("190.7 MiB", "200.0 MB")

@@ -7,6 +7,7 @@ reads (exports see every earlier request of the batch), then commits the batch a
 
 from __future__ import annotations
 
+import os
 import re
 import uuid
 from collections.abc import Callable, Iterable
@@ -39,6 +40,7 @@ from engagelake.store.delta import DeltaStore
 from engagelake.tables.schema import TABLES
 
 Clock = Callable[[], datetime]
+MEMORY_ENV = "ENGAGELAKE_MEMORY_LIMIT"
 # Long runs of track requests are applied in passes of at most this many requests (up to ~170k
 # objects): the same result as one pass (sequential application is the invariant), bounded memory.
 TRACK_RUN_MAX = 2000
@@ -157,19 +159,24 @@ class _Batch:
 class Workspace:
     """A customer-engagement store and the API over it."""
 
-    def __init__(self, store: DeltaStore, clock: Clock, *, fields_required: bool):
+    def __init__(self, store: DeltaStore, clock: Clock, *, fields_required: bool,
+                 memory_limit: str | None = None):
         self.store = store
         self.clock = clock
         self.fields_required = fields_required
+        self.memory_limit = memory_limit or os.environ.get(MEMORY_ENV) or None
         # what the last batch read from the store: (table, column or "*" for whole, rows)
         self.last_reads: list[tuple[str, str, int]] = []
 
     @classmethod
     def open(cls, uri: str | Path, *, clock: Clock | None = None, seed: str | None = None,
-             fields_required: bool = True) -> Workspace:
+             fields_required: bool = True, memory_limit: str | None = None) -> Workspace:
         """Open (or create) the store at `uri`. `clock()` gives aware datetimes; `seed` fixes
-        the service_id sequence of a new store; `fields_required` is the export setting."""
-        return cls(DeltaStore(uri, seed=seed), clock or _now, fields_required=fields_required)
+        the service_id sequence of a new store; `fields_required` is the export setting;
+        `memory_limit` (e.g. "2GB", default `$ENGAGELAKE_MEMORY_LIMIT`) bounds the DuckDB
+        connections of `duckdb()`, `sql()` and the CLI's `sql`, which spill beyond it."""
+        return cls(DeltaStore(uri, seed=seed), clock or _now, fields_required=fields_required,
+                   memory_limit=memory_limit)
 
     @property
     def state(self) -> State:
@@ -285,9 +292,11 @@ class Workspace:
 
     def duckdb(self, *, memory_limit: str | None = None) -> duckdb.DuckDBPyConnection:
         """A DuckDB connection with one view per table holding its current rows (as `table`),
-        read straight from the Parquet files: it streams and spills within `memory_limit`."""
+        read straight from the Parquet files: it streams and spills within `memory_limit`
+        (default: the workspace's)."""
         self.store.refresh()
-        con = duckdb.connect(config={"memory_limit": memory_limit} if memory_limit else {})
+        limit = memory_limit or self.memory_limit
+        con = duckdb.connect(config={"memory_limit": limit} if limit else {})
         return self.store.snapshot().duckdb(con)
 
     def sql(self, query: str) -> pl.DataFrame:

@@ -174,14 +174,14 @@ def _fixed_point(decide: Callable[[pl.DataFrame], pl.DataFrame], n: int, start: 
 
 def _touch_profiles(state: State, last: pl.DataFrame, clock: datetime, **columns: pl.Expr) -> pl.DataFrame:
     """Profile rows of `last` (sid, seq) with updated_at = clock, update_seq = seq, plus `columns`."""
-    prof = state["profiles"]
+    prof = state.rows_where("profiles", "service_id", last["sid"])
     return (prof.join(last, left_on="service_id", right_on="sid", how="inner")
             .with_columns(pl.lit(clock).cast(prof.schema["updated_at"]).alias("updated_at"),
                           pl.col("seq").alias("update_seq"), **columns).drop("seq"))
 
 
 def _rename(run: Run, items: pl.DataFrame, valid: list[int], out: IdentityOutcome) -> None:
-    ext = run.state["external_ids"]
+    ext = run.state.rows_where("external_ids", "external_id", pl.concat([items["current"], items["new"]]))
     items = (items.join(ext.select(pl.col("external_id").alias("current"), pl.col("service_id").alias("cur_sid"),
                                    pl.col("primary").alias("cur_primary")), on="current", how="left")
              .join(ext.select(pl.col("external_id").alias("new"), pl.lit(True).alias("new_used")), on="new", how="left")
@@ -238,7 +238,8 @@ def _answer_lists(decided: pl.DataFrame, valid: list[int], out: IdentityOutcome,
 
 
 def _remove(run: Run, items: pl.DataFrame, valid: list[int], out: IdentityOutcome) -> None:
-    ext = run.state["external_ids"].select(pl.col("external_id").alias("current"), "service_id", "primary")
+    ext = run.state.rows_where("external_ids", "external_id", items["current"]).select(
+        pl.col("external_id").alias("current"), "service_id", "primary")
     items = items.join(ext, on="current", how="left")
     # removing only removes: the first valid removal of a deprecated ID applies, later ones find nothing
     first = items.filter(pl.col("primary") == False).group_by("current").agg(  # noqa: E712

@@ -40,17 +40,16 @@ def _names(col: pl.Expr, kind: str, identifier: str) -> pl.Expr:
 
 
 def _current_owners(state: State, kind: str, identifier: str) -> list[str]:
+    """The profiles holding the identifier now (read by key, not by loading the tables)."""
     if kind == "external_id":
-        return state["external_ids"].filter(pl.col("external_id") == identifier)["service_id"].to_list()
+        return state.rows_where("external_ids", "external_id", [identifier])["service_id"].to_list()
     if kind == "user_alias":
         label, _, name = identifier.partition(":")
-        a = state["aliases"]
-        return a.filter((pl.col("alias_label") == label) & (pl.col("alias_name") == name))["service_id"].to_list()
+        rows = state.rows_where("aliases", "alias_name", [name])
+        return rows.filter(pl.col("alias_label") == label)["service_id"].to_list()
     if kind == "service_id":
         return [identifier]
-    return state["profiles"].filter(pl.col(kind) == identifier)["service_id"].to_list()
-
-
+    return state.rows_where("profiles", kind, [identifier])["service_id"].to_list()
 
 
 def _identifier_text(col: str) -> pl.Expr:

@@ -16,7 +16,7 @@ import polars as pl
 
 from engagelake.rules import messages as M
 from engagelake.rules.identity_requests import ALIAS_SEP
-from engagelake.rules.profiles_merge import consistent_edges, merge_forest, rows_of, subtree_first
+from engagelake.rules.profiles_merge import consistent_edges, merge_forest, subtree_first
 from engagelake.rules.state import State
 
 SIDES = ("src", "tgt")
@@ -30,14 +30,13 @@ def strong_owners(state: State, sides: pl.DataFrame) -> pl.DataFrame:
         return sides.filter(pl.col("kind") == kind)["key"]
 
     alias_key = pl.col("alias_label") + ALIAS_SEP + pl.col("alias_name")
-    aliases = state["aliases"]
     names = keys("user_alias").str.split(ALIAS_SEP).list.last()
     owners = pl.concat([
-        rows_of(state["external_ids"], "external_id", keys("external_id")).select(
+        state.rows_where("external_ids", "external_id", keys("external_id")).select(
             pl.lit("external_id").alias("kind"), pl.col("external_id").alias("key"), pl.col("service_id").alias("sid0")),
-        rows_of(aliases, "alias_name", names).select(
+        state.rows_where("aliases", "alias_name", names).select(
             pl.lit("user_alias").alias("kind"), alias_key.alias("key"), pl.col("service_id").alias("sid0")),
-        rows_of(state["profiles"], "service_id", keys("service_id")).select(
+        state.rows_where("profiles", "service_id", keys("service_id")).select(
             pl.lit("service_id").alias("kind"), pl.col("service_id").alias("key"), pl.col("service_id").alias("sid0")),
     ])
     return sides.join(owners, on=["kind", "key"], how="left", maintain_order="left")
@@ -45,12 +44,11 @@ def strong_owners(state: State, sides: pl.DataFrame) -> pl.DataFrame:
 
 def contact_candidates(state: State, sides: pl.DataFrame) -> pl.DataFrame:
     """(j, side, sid) for email/phone sides: the profiles holding that value at the run start."""
-    prof = state["profiles"]
     parts = []
     for kind in ("email", "phone"):
         s = sides.filter(pl.col("kind") == kind)
         if s.height:
-            holders = rows_of(prof, kind, s["key"]).select(pl.col(kind).alias("key"), pl.col("service_id").alias("sid"))
+            holders = state.rows_where("profiles", kind, s["key"]).select(pl.col(kind).alias("key"), pl.col("service_id").alias("sid"))
             parts.append(s.join(holders, on="key").select("j", "side", "sid"))
     return pl.concat(parts) if parts else pl.DataFrame(schema={"j": pl.Int64, "side": pl.String, "sid": pl.String})
 
@@ -89,7 +87,10 @@ class MergeRun:
         contact = self.sides.filter(pl.col("kind").is_in(["email", "phone"]))
         self.contact = contact.select("j", "side", "kind", "key", "prio")
         self.static_cands = contact_candidates(state, contact)
-        self.prof = state["profiles"].select(
+        # every profile the run can meet: the sides' owners and the email/phone holders (a
+        # target that gains an email in the run is one of them)
+        involved = pl.concat([self.sides["sid0"], self.static_cands["sid"]])
+        self.prof = state.rows_where("profiles", "service_id", involved).select(
             pl.col("service_id").alias("sid"), pl.col("external_id").is_not_null().alias("has_ext"),
             "updated_at", "update_seq", "created_seq", "email", "phone")
 

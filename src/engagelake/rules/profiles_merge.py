@@ -71,12 +71,6 @@ def subtree_first(forest: pl.DataFrame, values: pl.DataFrame, field: str) -> pl.
     return f.select("sid", pl.when(pl.col("nn") < pl.col("end")).then(picked).alias(field))
 
 
-def rows_of(frame: pl.DataFrame, column: str, values: pl.Series) -> pl.DataFrame:
-    """The rows of a (big) table whose `column` is in `values`: one hash probe per row, so the
-    joins that follow work on the touched rows only."""
-    return frame.filter(pl.col(column).is_in(values.unique().implode()))
-
-
 def merge_effects(state: State, edges: pl.DataFrame, fields: tuple[str, ...], clock: datetime) -> Changes:
     """Changes of applying merges `edges` (src, tgt, j, seq, fill): `fill` edges bring fields,
     custom attributes and history; every merged profile's push tokens move; merged profiles go."""
@@ -91,7 +85,7 @@ def merge_effects(state: State, edges: pl.DataFrame, fields: tuple[str, ...], cl
     if blocked.height:
         hit = contributes.join(blocked, on="root").filter(pl.col("key").str.starts_with(pl.col("bkey")))
         contributes = contributes.join(hit.select("sid").unique(), on="sid", how="anti")
-    prof = rows_of(state["profiles"], "service_id", forest["sid"])
+    prof = state.rows_where("profiles", "service_id", forest["sid"])
     rows = contributes.join(prof, left_on="sid", right_on="service_id", how="inner").sort("root", "key")
     last_seq = edges.group_by("tgt").agg(pl.col("seq").max().alias("last_seq"))
     # the explicit-language mark travels with the language it belongs to
@@ -109,7 +103,7 @@ def merge_effects(state: State, edges: pl.DataFrame, fields: tuple[str, ...], cl
                                pl.coalesce("last_seq", "update_seq").alias("update_seq"))
                  .drop(*[f"{f}_m" for f in carried], "last_seq"))
     # custom attributes: the first holder of each name in merge order
-    attrs = rows_of(state["attributes"], "service_id", contributes["sid"]).join(contributes.select(pl.col("sid").alias("service_id"), "root", "key"),
+    attrs = state.rows_where("attributes", "service_id", contributes["sid"]).join(contributes.select(pl.col("sid").alias("service_id"), "root", "key"),
                                      on="service_id").sort("root", "name", "key")
     gained = (attrs.unique(["root", "name"], keep="first", maintain_order=True)
               .filter(pl.col("service_id") != pl.col("root"))
@@ -120,7 +114,7 @@ def merge_effects(state: State, edges: pl.DataFrame, fields: tuple[str, ...], cl
     changes.extend(remove_profiles(state, into, clock))
     changes.upsert("profiles", root_rows)
     changes.upsert("attributes", gained)
-    tokens = rows_of(state["push_tokens"], "service_id", merged["sid"]).join(merged.select(pl.col("sid").alias("service_id"), "root"), on="service_id")
+    tokens = state.rows_where("push_tokens", "service_id", merged["sid"]).join(merged.select(pl.col("sid").alias("service_id"), "root"), on="service_id")
     changes.upsert("push_tokens", tokens.with_columns(pl.col("root").alias("service_id")))
     return changes
 
@@ -129,11 +123,9 @@ def remove_profiles(state: State, into: pl.DataFrame, clock: datetime) -> Change
     """Changes deleting profiles `into` (sid, into) with every row keyed by them; their event and
     purchase history follows `into` (null: it goes with them). Earlier redirects into them too."""
     changes = Changes()
-    sids = into["sid"].implode()
-    for name, key in (("profiles", "service_id"), ("external_ids", "service_id"), ("aliases", "service_id"),
-                      ("attributes", "service_id"), ("subscriptions", "service_id"), ("push_tokens", "service_id")):
-        changes.delete(name, state[name].filter(pl.col(key).is_in(sids)))
-    earlier = rows_of(state["redirects"], "into", into["sid"]).join(into.select(pl.col("sid").alias("into"), pl.col("into").alias("final")),
+    for name in ("profiles", "external_ids", "aliases", "attributes", "subscriptions", "push_tokens"):
+        changes.delete(name, state.rows_where(name, "service_id", into["sid"]))
+    earlier = state.rows_where("redirects", "into", into["sid"]).join(into.select(pl.col("sid").alias("into"), pl.col("into").alias("final")),
                                       on="into").select("service_id", pl.col("final").alias("into"))
     redirects = pl.concat([into.select(pl.col("sid").alias("service_id"), "into"), earlier])
     changes.upsert("redirects", redirects.with_columns(pl.lit(clock).alias("at")))
