@@ -28,6 +28,7 @@ from engagelake.rules.profiles_merge import (
 )
 from engagelake.rules.state import Changes, State, apply_changes
 from engagelake.rules.track import service_ids
+from engagelake.tables.schema import UTC_TS
 
 IDENTITY_PATHS: dict[str, str] = {
     "merge": "/users/merge",
@@ -263,20 +264,32 @@ def _alias_frame(keys: pl.Expr, sid: pl.Expr) -> list[pl.Expr]:
             sid.alias("service_id")]
 
 
-def _alias_keys(state: State) -> pl.DataFrame:
-    a = state["aliases"]
+def _alias_keys(state: State, aliases: pl.Series | None = None, owners: pl.Series | None = None) -> pl.DataFrame:
+    """Aliases as (alias, label, service_id): those named in `aliases` (label SEP name) and those
+    of the profiles `owners`, read by key; every alias when neither is given."""
+    if aliases is None and owners is None:
+        a = state["aliases"]
+    else:
+        parts = []
+        if aliases is not None:
+            names = aliases.str.split_exact(R.ALIAS_SEP, 1).struct.field("field_1")
+            parts.append(state.rows_where("aliases", "alias_name", names))
+        if owners is not None:
+            parts.append(state.rows_where("aliases", "service_id", owners))
+        a = pl.concat(parts).unique(maintain_order=True)
     return a.select((pl.col("alias_label") + R.ALIAS_SEP + pl.col("alias_name")).alias("alias"),
                     pl.col("alias_label").alias("label"), "service_id")
 
 
 def _alias_new(run: Run, items: pl.DataFrame, valid: list[int], out: IdentityOutcome) -> None:
     state = run.state
-    aliases = _alias_keys(state)
     if "external_id" not in items.columns:
         items = items.with_columns(pl.lit(None, pl.String).alias("external_id"))
+    owners = state.rows_where("external_ids", "external_id", items["external_id"]).select(
+        "external_id", pl.col("service_id").alias("owner"))
+    aliases = _alias_keys(state, items["alias"], owners["owner"])
     items = (items.join(aliases.select("alias", pl.lit(True).alias("exists0")), on="alias", how="left")
-             .join(state["external_ids"].select("external_id", pl.col("service_id").alias("owner")),
-                   on="external_id", how="left")
+             .join(owners, on="external_id", how="left")
              .join(aliases.select(pl.col("service_id").alias("owner"), "label", pl.lit(True).alias("taken0")).unique(),
                    on=["owner", "label"], how="left")
              .with_columns(pl.col("exists0").fill_null(False), pl.col("taken0").fill_null(False)))
@@ -304,7 +317,7 @@ def _alias_new(run: Run, items: pl.DataFrame, valid: list[int], out: IdentityOut
         (pl.col("k").cast(pl.Int64) + state.next_profile_n).alias("n"))
     created = created.with_columns(service_ids(run.seed, created["n"]).alias("owner"))
     out.next_profile_n = state.next_profile_n + created.height
-    now = pl.lit(run.clock).cast(state["profiles"].schema["created_at"])
+    now = pl.lit(run.clock).cast(UTC_TS)
     out.changes.upsert("profiles", created.select(
         pl.col("owner").alias("service_id"), now.alias("created_at"), pl.col("n").alias("created_seq"),
         now.alias("updated_at"), pl.col("seq").alias("update_seq"),
@@ -326,7 +339,7 @@ def _alias_new(run: Run, items: pl.DataFrame, valid: list[int], out: IdentityOut
 
 
 def _alias_update(run: Run, items: pl.DataFrame, valid: list[int], out: IdentityOutcome) -> None:
-    aliases = _alias_keys(run.state).select("alias", "service_id")
+    aliases = _alias_keys(run.state, pl.concat([items["old"], items["new"]])).select("alias", "service_id")
     items = (items.join(aliases.select(pl.col("alias").alias("old"), pl.col("service_id").alias("old_owner0")),
                         on="old", how="left")
              .join(aliases.select(pl.col("alias").alias("new"), pl.lit(True).alias("new_exists0")), on="new", how="left")
@@ -377,18 +390,22 @@ def _alias_update(run: Run, items: pl.DataFrame, valid: list[int], out: Identity
 
 def _identify(run: Run, items: pl.DataFrame, valid: list[int], out: IdentityOutcome) -> None:
     state, clock = run.state, run.clock
-    prof = state["profiles"].select(
-        pl.col("service_id").alias("sid"), pl.col("external_id").is_not_null().alias("has_ext0"),
-        "updated_at", "update_seq", "created_seq", "phone")
     items = strong_owners(state, items.with_columns(pl.col("src_kind").alias("kind"), pl.col("src_key").alias("key")))
+    holders = state.rows_where("external_ids", "external_id", items["external_id"]).select(
+        "external_id", pl.col("service_id").alias("holder0"))
     items = items.with_columns(
         pl.when(pl.col("kind") == "user_alias").then(pl.col("key").str.split(R.ALIAS_SEP).list.first()).alias("label"),
         pl.lit("src").alias("side"), pl.col("src_prio").alias("prio"),
-    ).join(state["external_ids"].select("external_id", pl.col("service_id").alias("holder0")),
-           on="external_id", how="left")
+    ).join(holders, on="external_id", how="left")
     contact = items.filter(pl.col("kind") != "user_alias")
     static_cands = contact_candidates(state, contact.select("j", "side", "kind", "key"))
-    labels0 = _alias_keys(state).select(pl.col("service_id").alias("U"), "label").unique()
+    # every stored profile the run can meet: anonymous profiles by alias, email or phone, and
+    # the holders of the external IDs (profiles created in the run are not stored yet)
+    involved = pl.concat([items["sid0"], static_cands["sid"], holders["holder0"]]).drop_nulls().unique()
+    prof = state.rows_where("profiles", "service_id", involved).select(
+        pl.col("service_id").alias("sid"), pl.col("external_id").is_not_null().alias("has_ext0"),
+        "updated_at", "update_seq", "created_seq", "phone")
+    labels0 = _alias_keys(state, owners=involved).select(pl.col("service_id").alias("U"), "label").unique()
 
     def decide(guess: pl.DataFrame) -> pl.DataFrame:
         assigned = guess.filter(pl.col("action") == "assign")
