@@ -17,11 +17,12 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 # Row groups small enough that a point lookup decodes little, large enough that footers stay
 # small (a footer holds one entry per row group and column).
-ROW_GROUP_ROWS = 4096
+ROW_GROUP_ROWS = 1024
 # Parquet writers may truncate long min/max statistics; a fence that long is not trusted.
 TRUSTED_STAT_CHARS = 512
 # When more than 1/WHOLE_FILE_SHARE of a file's row groups match, scan the file instead.
@@ -114,8 +115,9 @@ def read_where(paths: list[str], column: str, values: pl.Series, footers: Footer
         groups = matching_groups(fence.starts, wanted)
         if len(groups) * WHOLE_FILE_SHARE > len(fence.starts):
             whole.append(path)
-        elif groups:
-            picked.append(pq.ParquetFile(path, metadata=fence.metadata).read_row_groups(groups))
+        elif groups:  # filter in Arrow first: only the matching rows are converted to Polars
+            rows = pq.ParquetFile(path, metadata=fence.metadata).read_row_groups(groups)
+            picked.append(rows.filter(pc.is_in(rows.column(column), pa.array(wanted, pa.large_string()))))
     match = pl.col(column).is_in(values.implode())
     frames = [pl.scan_parquet(whole, schema=schema).filter(match).collect()] if whole else []
     if picked:
