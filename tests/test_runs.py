@@ -69,3 +69,14 @@ def test_a_point_lookup_reads_few_row_groups(tmp_path: Path) -> None:
     assert got["k"].to_list() == ["000005", "050500", "099999"]
     read_where([path], "k", pl.Series(["000007"]), footers, SCHEMA)
     assert footers.footers_read == 1  # footers are cached per file
+
+
+def test_row_groups_that_overlap_give_no_fences(tmp_path: Path) -> None:
+    """Sorted row groups whose ranges overlap (a writer interleaving its input) must not prune."""
+    frame = pl.DataFrame({"k": ["a", "m", "c", "z"], "v": [1, 2, 3, 4]}, schema=SCHEMA)
+    path = tmp_path / "overlap.parquet"
+    pq.write_table(frame.to_arrow(), path, row_group_size=2)  # groups [a, m] and [c, z]
+    footers = FooterCache()
+    assert footers.fences(str(path), "k").starts is None
+    got = read_where([str(path)], "k", pl.Series(["k", "m"]), footers, SCHEMA)
+    assert got["k"].to_list() == ["m"]

@@ -48,7 +48,8 @@ LEDGER_SCHEMA = {
     "responses": pl.String(),  # JSON [[status, body], ...]
 }
 CRASH_ENV = "ENGAGELAKE_CRASH_AT"
-WRITER = WriterProperties(max_row_group_size=ROW_GROUP_ROWS)
+# without `compression`, WriterProperties writes uncompressed Parquet
+WRITER = WriterProperties(max_row_group_size=ROW_GROUP_ROWS, compression="SNAPPY")
 COMPACTING = "_compacting"  # marker file: a compaction is under way
 
 

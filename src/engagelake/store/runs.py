@@ -75,14 +75,18 @@ def _starts(metadata: pq.FileMetaData, column: str) -> np.ndarray | None:
     if column not in names or metadata.num_row_groups == 0:
         return None
     index = names.index(column)
-    starts = []
+    starts, ends = [], []
     for g in range(metadata.num_row_groups):
         stats = metadata.row_group(g).column(index).statistics
-        if stats is None or not stats.has_min_max or len(str(stats.min)) >= TRUSTED_STAT_CHARS:
+        if (stats is None or not stats.has_min_max
+                or max(len(str(stats.min)), len(str(stats.max))) >= TRUSTED_STAT_CHARS):
             return None
         starts.append(stats.min)
-    fences = np.array(starts, dtype=object)
-    if np.any(fences[1:] < fences[:-1]):  # not sorted by this column: no fences
+        ends.append(stats.max)
+    fences, last = np.array(starts, dtype=object), np.array(ends, dtype=object)
+    # a writer may interleave sorted input over row groups: fences hold only when every group
+    # ends at or before the next one starts
+    if np.any(last[:-1] > fences[1:]):
         return None
     return fences
 
