@@ -16,11 +16,11 @@ SCHEMA = {"k": pl.String(), "v": pl.Int64()}
 
 
 def test_matching_groups_spans_a_value_split_over_row_groups() -> None:
-    starts = np.array(["a", "c", "c", "e"], dtype=object)
-    assert matching_groups(starts, np.array(["c"], dtype=object)) == [0, 1, 2]  # "c" may end group 0
-    assert matching_groups(starts, np.array(["0"], dtype=object)) == []  # before every group
-    assert matching_groups(starts, np.array(["z"], dtype=object)) == [3]
-    assert matching_groups(starts, np.array(["b", "d"], dtype=object)) == [0, 2]
+    starts = np.array(["a", "c", "c", "e"], dtype=str)
+    assert matching_groups(starts, np.array(["c"], dtype=str)) == [0, 1, 2]  # "c" may end group 0
+    assert matching_groups(starts, np.array(["0"], dtype=str)) == []  # before every group
+    assert matching_groups(starts, np.array(["z"], dtype=str)) == [3]
+    assert matching_groups(starts, np.array(["b", "d"], dtype=str)) == [0, 2]
 
 
 def _write(path: Path, keys: list[str], group: int) -> str:
@@ -63,7 +63,7 @@ def test_a_point_lookup_reads_few_row_groups(tmp_path: Path) -> None:
     footers = FooterCache()
     fences = footers.fences(path, "k")
     assert fences.starts is not None and len(fences.starts) == 100
-    wanted = np.array(["000005", "050500", "099999"], dtype=object)
+    wanted = np.array(["000005", "050500", "099999"], dtype=str)
     assert matching_groups(fences.starts, wanted) == [0, 50, 99]
     got = read_where([path], "k", pl.Series(["000005", "050500", "099999", "x"]), footers, SCHEMA)
     assert got["k"].to_list() == ["000005", "050500", "099999"]
@@ -80,3 +80,12 @@ def test_row_groups_that_overlap_give_no_fences(tmp_path: Path) -> None:
     assert footers.fences(str(path), "k").starts is None
     got = read_where([str(path)], "k", pl.Series(["k", "m"]), footers, SCHEMA)
     assert got["k"].to_list() == ["m"]
+
+
+def test_keys_with_nul_characters_are_read_exactly(tmp_path: Path) -> None:
+    path = _write(tmp_path / "nul.parquet", ["a", "a\x00", "a\x00b", "b"], 1)
+    footers = FooterCache()
+    assert footers.fences(path, "k").starts is None  # numpy strings would drop the NULs
+    assert read_where([path], "k", pl.Series(["a\x00"]), footers, SCHEMA)["k"].to_list() == ["a\x00"]
+    plain = _write(tmp_path / "plain.parquet", ["a", "b", "c"], 1)
+    assert read_where([plain], "k", pl.Series(["a\x00", "b"]), footers, SCHEMA)["k"].to_list() == ["b"]

@@ -83,7 +83,11 @@ def _starts(metadata: pq.FileMetaData, column: str) -> np.ndarray | None:
             return None
         starts.append(stats.min)
         ends.append(stats.max)
-    fences, last = np.array(starts, dtype=object), np.array(ends, dtype=object)
+    if any("\x00" in v for v in (*starts, *ends)):  # numpy's fixed-width strings drop NULs
+        return None
+    # fixed-width unicode arrays compare in C, in code point order (= UTF-8 byte order, the
+    # order of Parquet statistics)
+    fences, last = np.array(starts, dtype=str), np.array(ends, dtype=str)
     # a writer may interleave sorted input over row groups: fences hold only when every group
     # ends at or before the next one starts
     if np.any(last[:-1] > fences[1:]):
@@ -108,12 +112,15 @@ def read_where(paths: list[str], column: str, values: pl.Series, footers: Footer
                schema: dict[str, pl.DataType]) -> pl.DataFrame:
     """Rows of the files whose `column` is one of `values`, reading only the row groups whose
     fences admit them (whole files when a file has no fences)."""
-    wanted = np.array(values.unique().sort().to_list(), dtype=object)
+    keys = values.unique().sort()
+    wanted = np.array(keys.to_list(), dtype=str)
+    exact = pa.array(keys.to_list(), pa.large_string())
+    fenced = not keys.str.contains("\x00", literal=True).any()  # numpy's strings drop NULs
     picked: list[pa.Table] = []
     whole: list[str] = []  # files where most row groups match: Polars' reader is faster there
     for path in paths:
         fence = footers.fences(path, column)
-        if fence.starts is None:
+        if fence.starts is None or not fenced:
             whole.append(path)
             continue
         groups = matching_groups(fence.starts, wanted)
@@ -121,7 +128,7 @@ def read_where(paths: list[str], column: str, values: pl.Series, footers: Footer
             whole.append(path)
         elif groups:  # filter in Arrow first: only the matching rows are converted to Polars
             rows = pq.ParquetFile(path, metadata=fence.metadata).read_row_groups(groups)
-            picked.append(rows.filter(pc.is_in(rows.column(column), pa.array(wanted, pa.large_string()))))
+            picked.append(rows.filter(pc.is_in(rows.column(column), exact)))
     match = pl.col(column).is_in(values.implode())
     frames = [pl.scan_parquet(whole, schema=schema).filter(match).collect()] if whole else []
     if picked:
