@@ -14,23 +14,15 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
-import re
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from functools import lru_cache
-from typing import TYPE_CHECKING, Any, TextIO
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode
 
 import orjson
 import polars as pl
-from liquid import BoundTemplate, Environment, escape
-from liquid.ast import Node
-from liquid.context import RenderContext
-from liquid.exceptions import LiquidError, LiquidSyntaxError, TemplateNotFoundError
-from liquid.stream import TokenStream
-from liquid.tag import Tag
-from liquid.token import TOKEN_EXPRESSION, TOKEN_TAG, Token
 
 from engagelake.errors import RequestError
 from engagelake.routing import Context, Handler, Request, Response
@@ -119,155 +111,12 @@ def answering(handler: Callable[[Context, Request], Response]) -> Handler:
     return run
 
 
-# --- templates --------------------------------------------------------------------------------
-class FormFieldNode(Node):
-    """Writes the form field name of a subscription group or of the global email state."""
+def pages() -> ModuleType:
+    """The Liquid page module, imported on first use: python-liquid costs a fresh process
+    noticeable start-up time, and only page renders and center saves need it."""
+    from engagelake.resources import pages as module
 
-    __slots__ = ("field",)
-
-    def __init__(self, token: Token, field: str):
-        super().__init__(token)
-        self.field = field
-        self.blank = False
-
-    def __str__(self) -> str:
-        return f"{{% form_field_name {self.field} %}}"
-
-    def render_to_output(self, context: RenderContext, buffer: TextIO) -> int:
-        return buffer.write(str(escape(self.field)))
-
-
-class FormFieldTag(Tag):
-    """`{% form_field_name :subscription_group <id> %}` and `{% form_field_name :email_global_state %}`."""
-
-    name = "form_field_name"
-    block = False
-
-    def parse(self, stream: TokenStream) -> FormFieldNode:
-        token = stream.eat(TOKEN_TAG)
-        words = stream.current.value.split() if stream.current.kind == TOKEN_EXPRESSION else []
-        if words == [":email_global_state"]:
-            return FormFieldNode(token, FIELD_GLOBAL)
-        if len(words) == 2 and words[0] == ":subscription_group" and words[1] != GLOBAL_KEY:
-            return FormFieldNode(token, FIELD_GROUP_PREFIX + words[1])
-        raise LiquidSyntaxError(ERR_FORM_TAG, token=token)
-
-
-class GroupStates(dict[str, str]):
-    """`subscribed_state`: a group the user has no state for reads as unsubscribed."""
-
-    def __missing__(self, key: str) -> str:
-        return "unsubscribed"
-
-
-ENV = Environment(autoescape=True)
-ENV.add_tag(FormFieldTag)
-
-# `{{ ... }}` (which may hold `${...}`) or `{% ... %}` (which may hold a nested `{{ ... }}`)
-MARKUP_RE = re.compile(r"\{\{(?:[^{}]|\$\{[^{}]*\})*\}\}|\{%.*?%\}", re.DOTALL)
-DOLLAR_KEY_RE = re.compile(r"\.\$\{([^{}\"\\\s]+)\}")  # subscribed_state.${<id>} -> ["<id>"]
-DOLLAR_NAME_RE = re.compile(r"\$\{(\w+)\}")  # ${email_address} -> email_address
-NESTED_OUTPUT_RE = re.compile(r"\{\{-?\s*(.*?)\s*-?\}\}", re.DOTALL)
-
-
-def rewrite_markup(match: re.Match[str]) -> str:
-    """One markup span with its `${...}` references in plain Liquid; inside a tag, a nested
-    output (`{% if {{subscribed_state.${g}}} == "subscribed" %}`) becomes its expression."""
-    text = DOLLAR_NAME_RE.sub(r"\1", DOLLAR_KEY_RE.sub(r'["\1"]', match.group()))
-    if text.startswith("{%"):
-        text = NESTED_OUTPUT_RE.sub(r"\1", text)
-    return text
-
-
-def to_liquid(source: str) -> str:
-    """Page HTML with the specification's `${...}` tag forms rewritten inside markup only
-    (page text such as a script's `${x}` is left alone)."""
-    return MARKUP_RE.sub(rewrite_markup, source)
-
-
-@lru_cache(maxsize=256)
-def parse_template(source: str) -> BoundTemplate:
-    """The parsed template of a page (raises LiquidError)."""
-    return ENV.from_string(to_liquid(source))
-
-
-def declared_fields(source: str) -> list[str]:
-    """The form field names a page's `form_field_name` tags write, in page order."""
-    template = parse_template(source)
-    context = RenderContext(template)
-    found: list[str] = []
-
-    def visit(node: Node) -> None:
-        if isinstance(node, FormFieldNode) and node.field not in found:
-            found.append(node.field)
-        for child in node.children(context, include_partials=False):
-            visit(child)
-
-    for node in template.nodes:
-        visit(node)
-    return found
-
-
-def describe_error(err: LiquidError) -> tuple[str, int]:
-    """The short message and the line of a Liquid error."""
-    line = 1
-    if err.token is not None and err.token.start_index >= 0:
-        line = err.token.source.count("\n", 0, err.token.start_index) + 1
-    message = str(err.args[0]) if err.args else type(err).__name__
-    if isinstance(err, TemplateNotFoundError):
-        message = ERR_PARTIAL.format(name=message)
-    return message, line
-
-
-def check_template(field: str, source: str) -> None:
-    """Parse a page and render it once for a user without data, so that syntax errors and
-    unknown filters are refused when the center is saved rather than when a user opens it."""
-    try:
-        parse_template(source).render(**user_variables(None, {}, "#"))
-    except LiquidError as err:
-        message, line = describe_error(err)
-        raise _Refused(400, ERR_TEMPLATE.format(field=field, error=message, line=line)) from None
-
-
-def user_variables(profile: dict[str, Any] | None, groups: dict[str, str], submit_url: str) -> dict[str, Any]:
-    """The template variables of one user; autoescaping escapes each of them on output."""
-    states = GroupStates(groups)
-    email_state = (profile or {}).get("email_subscribe")
-    states[GLOBAL_KEY] = email_state if email_state in ("unsubscribed", "opted_in") else "subscribed"
-    return {
-        "subscribed_state": states,
-        "email_address": (profile or {}).get("email") or "",
-        "preference_center_submit_url": submit_url,
-    }
-
-
-def add_head(html: str, center: dict[str, Any]) -> str:
-    """The page with its metadata (title, viewport meta, link tags) after the opening `<head>`,
-    or before the page when it has no head. A page that has its own `<title>` keeps it."""
-    parts = []
-    if not re.search(r"<title[\s>]", html, re.IGNORECASE):
-        parts.append(f"<title>{escape(center['title'])}</title>")
-    options = orjson.loads(center["options"]) if center["options"] else {}
-    if "meta-viewport-content" in options:
-        parts.append(f'<meta name="viewport" content="{escape(options["meta-viewport-content"])}">')
-    for link in options.get("links-tags", []):
-        attrs = "".join(f' {key}="{escape(link[key])}"' for key in LINK_KEYS if key in link)
-        parts.append(f"<link{attrs}>")
-    head = "".join(parts)
-    match = re.search(r"<head\b[^>]*>", html, re.IGNORECASE)
-    if match is None:
-        return head + html
-    return html[: match.end()] + head + html[match.end():]
-
-
-def render_html(center: dict[str, Any], source: str, variables: dict[str, Any]) -> str:
-    """One page of a center rendered with a user's variables (422 if the template fails)."""
-    try:
-        html = parse_template(source).render(**variables)
-    except LiquidError as err:
-        message, _ = describe_error(err)
-        raise _Refused(422, ERR_RENDER.format(center_id=center["center_id"], error=message)) from None
-    return add_head(html, center)
+    return module
 
 
 # --- tokens -----------------------------------------------------------------------------------
@@ -338,7 +187,7 @@ def check_body(body: Any, *, creating: bool) -> dict[str, Any]:
         check_options(body["options"])
     for field in ("preference_center_page_html", "confirmation_page_html"):
         if field in body:
-            check_template(field, body[field])
+            pages().check_template(field, body[field])
     return body
 
 
@@ -472,7 +321,8 @@ def group_states(ctx: Context, service_id: str) -> dict[str, str]:
 def render_for(ctx: Context, center: dict[str, Any], source: str, profile: dict[str, Any]) -> str:
     service_id = profile["service_id"]
     url = submit_url(ctx, center["center_id"], service_id)
-    return render_html(center, source, user_variables(profile, group_states(ctx, service_id), url))
+    p = pages()
+    return p.render_html(center, source, p.user_variables(profile, group_states(ctx, service_id), url))
 
 
 # --- handlers ---------------------------------------------------------------------------------
@@ -571,7 +421,7 @@ def submit_form(ctx: Context, req: Request) -> Response:
     service_id = profile["service_id"]
     if center["state"] != "active":
         raise _Refused(409, ERR_DRAFT.format(center_id=center["center_id"]))
-    global_state, groups = check_form(req.body, declared_fields(center["page_html"]))
+    global_state, groups = check_form(req.body, pages().declared_fields(center["page_html"]))
     if global_state is not None or groups:
         apply_form(ctx, profile, global_state, groups)
         log_submit(ctx, center["center_id"], service_id, req.body, expires)
