@@ -170,7 +170,7 @@ def export_frame(state: State, users: pl.DataFrame, fields: list[str] | None, cl
     if want & {"push_tokens", "devices"}:
         tk = _rows(state, "push_tokens", users).sort("update_seq", "pos")
         # JSON shaping, as above
-        for app_id, token, device_id, sid in tk.select("app_id", "token", "device_id", "service_id").iter_rows():
+        for app_id, token, device_id, sid in tk.select("app_id", "token", "device_id", "service_id").iter_rows():  # JSON shaping of one page of users: not hot
             t = {"app": app_id, "token": token}
             if device_id is not None:
                 t["device_id"] = device_id

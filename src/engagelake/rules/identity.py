@@ -146,7 +146,7 @@ def _delete(run: Run, items: pl.DataFrame, valid: list[int], out: IdentityOutcom
         items, rule="delete", outcome=_outcome(),
         reason=pl.when("applied").then(None).otherwise(pl.lit(M.SKIP_NO_USER)), source=pl.col("source"),
         source_sid=pl.col("sid0")))
-    counts = dict(items.group_by("req").agg(pl.col("applied").sum()).iter_rows())
+    counts = dict(items.group_by("req").agg(pl.col("applied").sum()).iter_rows())  # one row per request: response shaping
     for req in valid:
         out.responses[req] = (200, {"deleted": int(counts.get(req, 0)), "message": "success"})
 
@@ -231,7 +231,7 @@ def _answer_lists(decided: pl.DataFrame, valid: list[int], out: IdentityOutcome,
     per_req = decided.sort("j").group_by("req", maintain_order=True).agg(
         pl.col("current").filter("applied").alias("ok"),
         pl.concat_list(pl.col("error"), pl.col("item").cast(pl.String)).filter(~pl.col("applied")).alias("errors"))
-    lists = {r: (ok, errs) for r, ok, errs in per_req.iter_rows()}
+    lists = {r: (ok, errs) for r, ok, errs in per_req.iter_rows()}  # one row per request (<= 50 items): response shaping
     for req in valid:
         ok, errs = lists.get(req, ([], []))
         out.responses[req] = (200, {"message": "success", ok_field: ok,

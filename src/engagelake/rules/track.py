@@ -470,8 +470,8 @@ def _responses(parsed: ParsedTrack, valid: ValidTrack, rejected: pl.DataFrame) -
     errors = objs.filter(pl.col("error").is_not_null()).sort("seq").group_by("req", maintain_order=True).agg(
         pl.struct(type="error", input_array=pl.col("arr").replace_strict(dict(enumerate(ARRAYS))), index="idx")
         .alias("errors"))
-    count_map = {(r, a): n for r, a, n in counts.iter_rows()}
-    error_map = dict(errors.iter_rows())
+    count_map = {(r, a): n for r, a, n in counts.iter_rows()}  # one row per request and array: response shaping
+    error_map = dict(errors.iter_rows())  # one row per request with errors: response shaping
     sent = parsed.requests.join(valid.fatal, on="req", how="anti")
     for row in sent.iter_rows(named=True):  # per request, to build its response body
         body: dict[str, Any] = {"message": "success"}
