@@ -15,13 +15,10 @@ from typing import Any
 import polars as pl
 
 from engagelake.tables.changes import Changes, remap_history
-from engagelake.tables.schema import KEYS, TABLES, empty
+from engagelake.tables.schema import HISTORY, KEYS, TABLES, empty
 from engagelake.tables.source import RowSource
 
 __all__ = ["Changes", "State", "apply_changes"]
-
-LOGS = tuple(name for name in TABLES if KEYS[name] is None and name in ("events", "purchases"))
-
 
 @dataclass(frozen=True)
 class State:
@@ -65,7 +62,7 @@ class State:
         self.reads.append((name, "*", stored.height))
         key = KEYS[name]
         if key is None:
-            if name in LOGS:
+            if name in HISTORY:
                 stored = remap_history(stored, self["redirects"])
             self.known[name] = pl.concat([stored, self.known[name]], how="vertical_relaxed")
         else:
@@ -86,7 +83,7 @@ class State:
         wanted = _values(values, self.known[name].schema[column])
         if name in self.whole:
             return self.known[name].filter(pl.col(column).is_in(wanted.implode()))
-        if name in LOGS:
+        if name in HISTORY:
             return self._history(name, column, wanted)
         self._probe(name, column, wanted)
         return self.known[name].filter(pl.col(column).is_in(wanted.implode()))
@@ -150,7 +147,7 @@ def apply_changes(state: State, changes: Changes, *, next_profile_n: int, next_u
         if ups is not None:
             cur = pl.concat([cur, ups], rechunk=False)
         if name == "redirects" and ups is not None:  # history follows merges, goes with deletes
-            for log in LOGS:
+            for log in HISTORY:
                 known[log] = remap_history(known[log], ups)
         if cur.n_chunks() > 64:  # many small batches: compact the in-memory chunks now and then
             cur = cur.rechunk()

@@ -34,7 +34,7 @@ from deltalake import DeltaTable, WriterProperties, write_deltalake
 from engagelake.errors import StaleStoreError, StoreError
 from engagelake.store.runs import ROW_GROUP_ROWS, SORT_BY, FooterCache, read_where, sort_for_write
 from engagelake.tables.changes import Changes, remap_history
-from engagelake.tables.schema import KEYS, SCHEMAS, TABLES, UTC_TS, empty
+from engagelake.tables.schema import HISTORY, KEYS, SCHEMAS, TABLES, UTC_TS, empty
 
 LEDGER = "_ledger"
 LEDGER_SCHEMA = {
@@ -250,7 +250,7 @@ class DeltaStore:
             self._recover()
             snap = Snapshot(self, self.head)
             tables = {name: snap.scan(name).collect() for name in TABLES}
-            for log in ("events", "purchases"):
+            for log in HISTORY:
                 tables[log] = remap_history(tables[log], tables["redirects"])
             gone = tables["redirects"].filter(pl.col("into").is_null())["service_id"].implode()
             tables["merges"] = tables["merges"].with_columns(
@@ -397,9 +397,6 @@ class Snapshot:
                         f'WHERE r.service_id IS NULL OR r."into" IS NOT NULL')
             con.execute(f'CREATE OR REPLACE VIEW "{name}" AS {body}')
         return con
-
-
-HISTORY = ("events", "purchases")  # logs whose rows follow redirects
 
 
 def _sql_text(value: str) -> str:

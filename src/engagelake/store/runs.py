@@ -112,10 +112,10 @@ def read_where(paths: list[str], column: str, values: pl.Series, footers: Footer
                schema: dict[str, pl.DataType]) -> pl.DataFrame:
     """Rows of the files whose `column` is one of `values`, reading only the row groups whose
     fences admit them (whole files when a file has no fences)."""
-    keys = values.unique().sort()
-    wanted = np.array(keys.to_list(), dtype=str)
-    exact = pa.array(keys.to_list(), pa.large_string())
-    fenced = not keys.str.contains("\x00", literal=True).any()  # numpy's strings drop NULs
+    keys = values.unique().sort().to_list()
+    wanted = np.array(keys, dtype=str)
+    exact = pa.array(keys, pa.large_string())
+    fenced = not any("\x00" in k for k in keys)  # numpy's strings drop NULs
     picked: list[pa.Table] = []
     whole: list[str] = []  # files where most row groups match: Polars' reader is faster there
     for path in paths:
@@ -129,12 +129,12 @@ def read_where(paths: list[str], column: str, values: pl.Series, footers: Footer
         elif groups:  # filter in Arrow first: only the matching rows are converted to Polars
             rows = pq.ParquetFile(path, metadata=fence.metadata).read_row_groups(groups)
             picked.append(rows.filter(pc.is_in(rows.column(column), exact)))
-    match = pl.col(column).is_in(values.implode())
-    frames = [pl.scan_parquet(whole, schema=schema).filter(match).collect()] if whole else []
+    frames = [pl.scan_parquet(whole, schema=schema).filter(pl.col(column).is_in(values.implode())).collect()
+              ] if whole else []
     if picked:
         frame = pl.from_arrow(pa.concat_tables(picked, promote_options="permissive"))
         assert isinstance(frame, pl.DataFrame)
-        frames.append(frame.select([pl.col(c).cast(t) for c, t in schema.items()]).filter(match))
+        frames.append(frame.select([pl.col(c).cast(t) for c, t in schema.items()]))
     return pl.concat(frames) if frames else pl.DataFrame(schema=schema)
 
 

@@ -78,6 +78,9 @@ KEYS: dict[str, tuple[str, ...] | None] = {
     "merges": None,
 }
 
+# logs whose rows follow redirects to the surviving profile (never rewritten by a batch)
+HISTORY = ("events", "purchases")
+
 USER_TABLES = tuple(SCHEMAS)  # the user tables; resource tables follow
 
 for _module in (tables_scim, tables_preference_centers, tables_catalogs, tables_campaigns):
