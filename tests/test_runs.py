@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 import numpy as np
@@ -23,9 +24,16 @@ def test_matching_groups_spans_a_value_split_over_row_groups() -> None:
     assert matching_groups(starts, np.array(["b", "d"], dtype=str)) == [0, 2]
 
 
-def _write(path: Path, keys: list[str], group: int) -> str:
+def _write(path: Path, keys: list[str], group: int, shuffle: random.Random | None = None) -> str:
+    """A sorted file; with `shuffle`, its row groups are written in a random order, as a
+    writer that takes its input in parallel does."""
     frame = pl.DataFrame({"k": keys, "v": list(range(len(keys)))}, schema=SCHEMA).sort("k", maintain_order=True)
-    pq.write_table(frame.to_arrow(), path, row_group_size=group)
+    chunks = [frame.slice(i, group) for i in range(0, frame.height, group)]
+    if shuffle is not None:
+        shuffle.shuffle(chunks)
+    with pq.ParquetWriter(path, frame.to_arrow().schema) as writer:
+        for chunk in chunks:
+            writer.write_table(chunk.to_arrow(), row_group_size=group)
     return str(path)
 
 
@@ -35,8 +43,9 @@ def _write(path: Path, keys: list[str], group: int) -> str:
     group=st.integers(1, 7),
     wanted=st.lists(st.sampled_from("abcdefghijk"), min_size=1, max_size=5),
     unsorted=st.booleans(),
+    shuffle=st.randoms(use_true_random=False),
 )
-def test_read_where_equals_a_filter(tmp_path_factory, files, group, wanted, unsorted) -> None:
+def test_read_where_equals_a_filter(tmp_path_factory, files, group, wanted, unsorted, shuffle) -> None:
     folder = tmp_path_factory.mktemp("runs")
     paths, frames = [], []
     for i, keys in enumerate(files):
@@ -48,7 +57,7 @@ def test_read_where_equals_a_filter(tmp_path_factory, files, group, wanted, unso
             pq.write_table(frame.to_arrow(), path, row_group_size=group)
             paths.append(str(path))
         else:
-            paths.append(_write(path, keys, group))
+            paths.append(_write(path, keys, group, shuffle))
         frames.append(pl.read_parquet(path))
     values = pl.Series(wanted, dtype=pl.String)
     got = read_where(paths, "k", values, FooterCache(), SCHEMA)
@@ -89,3 +98,27 @@ def test_keys_with_nul_characters_are_read_exactly(tmp_path: Path) -> None:
     assert read_where([path], "k", pl.Series(["a\x00"]), footers, SCHEMA)["k"].to_list() == ["a\x00"]
     plain = _write(tmp_path / "plain.parquet", ["a", "b", "c"], 1)
     assert read_where([plain], "k", pl.Series(["a\x00", "b"]), footers, SCHEMA)["k"].to_list() == ["b"]
+
+
+def test_row_groups_written_out_of_order_still_prune(tmp_path: Path) -> None:
+    """delta-rs writes streamed input in parallel, so a sorted file's row groups may come in
+    any order: fences sort them, and a probe still reads one row group per key."""
+    keys = [f"{n:05d}" for n in range(10_000)]
+    path = _write(tmp_path / "shuffled.parquet", keys, 100, random.Random(7))
+    footers = FooterCache()
+    fences = footers.fences(path, "k")
+    assert fences.starts is not None and fences.ends is not None and fences.order is not None
+    assert sorted(fences.order.tolist()) != fences.order.tolist()  # really out of order
+    wanted = np.array(["00042", "05000", "09999"], dtype=str)
+    positions = matching_groups(fences.starts, wanted, fences.ends)
+    assert positions == [0, 50, 99]
+    got = read_where([path], "k", pl.Series(["00042", "05000", "09999", "x"]), footers, SCHEMA)
+    assert sorted(got["k"].to_list()) == ["00042", "05000", "09999"]
+
+
+def test_values_outside_a_file_read_nothing_of_it(tmp_path: Path) -> None:
+    """A key beyond a file's last row group, or in a gap between ranges, reads no row group."""
+    starts = np.array(["b", "f"], dtype=str)
+    ends = np.array(["d", "h"], dtype=str)
+    assert matching_groups(starts, np.array(["a", "e", "z"], dtype=str), ends) == []
+    assert matching_groups(starts, np.array(["d", "f"], dtype=str), ends) == [0, 1]

@@ -33,6 +33,7 @@ from tests.crash_worker import (
     tables_ahead,
 )
 
+from engagelake.store.delta import MERGE_ENV
 from engagelake.tables.schema import TABLES
 
 pytestmark = pytest.mark.slow
@@ -92,6 +93,22 @@ def assert_no_uncommitted_rows(store: Path) -> None:
 def test_crash_then_rerun_equals_uninterrupted_run(
     tmp_path: Path, ref: SimpleNamespace, point: str
 ) -> None:
+    crash_then_rerun(tmp_path, ref, point)
+
+
+@pytest.mark.parametrize("point", ["after_table:profiles", "after_table:events", "before_ledger", "after_ledger"])
+def test_crash_while_merging_runs_then_rerun_equals_uninterrupted_run(
+    tmp_path: Path, ref: SimpleNamespace, point: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same, with BATCH_2 merging every table's run with BATCH_1's: a merged run replaces
+    the older one in the table's single commit, and the rollback brings the older one back."""
+    monkeypatch.setenv(MERGE_ENV, "0")
+    store = crash_then_rerun(tmp_path, ref, point)
+    for name in ("profiles", "attributes", "events"):  # one run each: BATCH_2 merged them
+        assert len(DeltaTable(f"{store}/{name}").file_uris()) == 1, name
+
+
+def crash_then_rerun(tmp_path: Path, ref: SimpleNamespace, point: str) -> Path:
     store = tmp_path / "store"
     shutil.copytree(ref.base, store)
 
@@ -133,6 +150,7 @@ def test_crash_then_rerun_equals_uninterrupted_run(
     assert disk_versions(store) == before
     assert snapshot(again) == ref.full_snap
     assert snapshot(open_store(store)) == ref.full_snap
+    return store
 
 
 @pytest.mark.parametrize("point", ["after_table:events", "before_ledger"])

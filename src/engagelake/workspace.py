@@ -165,6 +165,7 @@ class Workspace:
         self.clock = clock
         self.fields_required = fields_required
         self.memory_limit = memory_limit or os.environ.get(MEMORY_ENV) or None
+        store.memory_limit = self.memory_limit  # run merges and compaction spill beyond it too
         # what the last batch read from the store: (table, column or "*" for whole, rows)
         self.last_reads: list[tuple[str, str, int]] = []
 
@@ -174,7 +175,8 @@ class Workspace:
         """Open (or create) the store at `uri`. `clock()` gives aware datetimes; `seed` fixes
         the service_id sequence of a new store; `fields_required` is the export setting;
         `memory_limit` (e.g. "2GB", default `$ENGAGELAKE_MEMORY_LIMIT`) bounds the DuckDB
-        connections of `duckdb()`, `sql()` and the CLI's `sql`, which spill beyond it."""
+        work of run merges, compaction, `duckdb()`, `sql()` and the CLI's `sql`, which spill
+        beyond it."""
         return cls(DeltaStore(uri, seed=seed), clock or _now, fields_required=fields_required,
                    memory_limit=memory_limit)
 

@@ -29,11 +29,20 @@ from typing import Any
 import duckdb
 import orjson
 import polars as pl
+import pyarrow as pa
 from deltalake import DeltaTable, WriterProperties, write_deltalake
 
 from engagelake.errors import StaleStoreError, StoreError
-from engagelake.store.runs import ROW_GROUP_ROWS, SORT_BY, FooterCache, read_where, sort_for_write
-from engagelake.tables.changes import Changes, remap_history
+from engagelake.store import merging
+from engagelake.store.runs import (
+    ROW_GROUP_ROWS,
+    SORT_BY,
+    FooterCache,
+    read_where,
+    sort_for_write,
+    sort_order,
+)
+from engagelake.tables.changes import Changes
 from engagelake.tables.schema import HISTORY, KEYS, SCHEMAS, TABLES, UTC_TS, empty
 
 LEDGER = "_ledger"
@@ -51,6 +60,7 @@ CRASH_ENV = "ENGAGELAKE_CRASH_AT"
 # without `compression`, WriterProperties writes uncompressed Parquet
 WRITER = WriterProperties(max_row_group_size=ROW_GROUP_ROWS, compression="SNAPPY")
 COMPACTING = "_compacting"  # marker file: a compaction is under way
+MERGE_ENV = "ENGAGELAKE_MERGE_TRIGGER"  # runs a table may hold before a batch merges (tuning, tests)
 
 
 def _failpoint(name: str) -> None:
@@ -77,8 +87,10 @@ class Head:
 class DeltaStore:
     """Thin layer over `deltalake`: table paths, reads at pinned versions, the commit protocol."""
 
-    def __init__(self, uri: str | Path, *, seed: str | None = None):
+    def __init__(self, uri: str | Path, *, seed: str | None = None, memory_limit: str | None = None):
         self.uri = str(uri)
+        self.memory_limit = memory_limit  # DuckDB's budget for merges and compaction (spills beyond)
+        self.merge_trigger = int(os.environ.get(MERGE_ENV) or merging.MERGE_TRIGGER)
         self.local = "://" not in self.uri  # a folder: file locks and markers work
         if self.local:
             Path(self.uri).mkdir(parents=True, exist_ok=True)
@@ -87,7 +99,7 @@ class DeltaStore:
         self.head = self._read_head()
         self._ledger_table: DeltaTable | None = None
         self._ledger_version = -1
-        self._files: dict[tuple[str, int], list[str]] = {}  # data files per table version
+        self._files: dict[tuple[str, int], tuple[list[str], list[merging.Run]]] = {}  # per table version
         self.footers = FooterCache()
 
     def _path(self, name: str) -> str:
@@ -134,7 +146,7 @@ class DeltaStore:
         writer's); only called under the writer lock, so no live writer is mid-commit. A dead
         compaction is rolled forward instead (it changed no content; its old files are gone)."""
         if self._compacting():
-            self._publish_current(self.head.batch_no + 1)
+            self._finish_compaction(self.head.batch_no + 1)
             self._compaction_marker().unlink()
             return
         for name in TABLES:
@@ -175,15 +187,23 @@ class DeltaStore:
         self.head = head
         return changed
 
-    def files(self, name: str, version: int | None) -> list[str]:
-        """The data files of one table version (cached: a version never changes)."""
-        if version is None:
-            return []
+    def _version_files(self, name: str, version: int) -> tuple[list[str], list[merging.Run]]:
+        """The data files and sorted runs of one table version (cached: a version never changes)."""
         if (name, version) not in self._files:
             if len(self._files) > 4 * len(TABLES):
                 self._files.clear()
-            self._files[(name, version)] = DeltaTable(self._path(name), version=version).file_uris()
+            table = DeltaTable(self._path(name), version=version)
+            actions = pl.DataFrame(pa.table(table.get_add_actions(flatten=True)))
+            self._files[(name, version)] = (table.file_uris(), merging.runs_of(actions, self._path(name)))
         return self._files[(name, version)]
+
+    def files(self, name: str, version: int | None) -> list[str]:
+        """The data files of one table version."""
+        return [] if version is None else self._version_files(name, version)[0]
+
+    def runs(self, name: str, version: int | None) -> list[merging.Run]:
+        """The sorted runs of one table version, newest first."""
+        return [] if version is None else self._version_files(name, version)[1]
 
     def snapshot(self) -> Snapshot:
         """The committed tables at the current head, read on demand (nothing is read here)."""
@@ -227,7 +247,12 @@ class DeltaStore:
             if name not in versions and not DeltaTable.is_deltatable(self._path(name)):
                 self._create_table(name)
             rows = sort_for_write(name, rows, KEYS[name])
-            write_deltalake(self._path(name), rows.to_arrow(), mode="append", writer_properties=WRITER)
+            runs = self.runs(name, versions.get(name)) if name in SORT_BY else []
+            merged = merging.plan(runs, rows.height, trigger=self.merge_trigger)
+            if merged:
+                self._merge(name, rows, merged, bottom=len(merged) == len(runs))
+            else:
+                write_deltalake(self._path(name), rows.to_arrow(), mode="append", writer_properties=WRITER)
             versions[name] = DeltaTable(self._path(name)).version()
             _failpoint(f"after_table:{name}")
         _failpoint("before_ledger")
@@ -235,12 +260,29 @@ class DeltaStore:
         _failpoint("after_ledger")
         self.head = Head(batch_no, versions, next_profile_n, next_update_seq, self.head.seed)
 
+    def _merge(self, name: str, rows: pl.DataFrame, runs: list[merging.Run], *, bottom: bool) -> None:
+        """Write a batch's rows of `name` merged with its newest `runs` into one run that
+        replaces them in a single Delta commit (see `store/merging.py`)."""
+        since = runs[-1].first
+        files = [f for run in runs for f in run.files]
+        batch = rows.to_arrow()
+        order = sort_order(name, KEYS[name])
+        assert order is not None
+        with merging.connection(self.memory_limit) as con:
+            con.register("batch_rows", batch)
+            sql = merging.merge_sql(list(_stored_schema(name)), KEYS[name], order, files, since=since,
+                                    bottom=bottom, batch="batch_rows")
+            write_deltalake(self._path(name), merging.stream(con, sql, batch.schema), mode="overwrite",
+                            predicate=f"_batch >= {since}", writer_properties=WRITER)
+
     def compact(self) -> dict[str, int]:
         """Rewrite every table as its current rows (newest row per key, no tombstones, history
         moved to surviving profiles, lineage of deleted profiles redacted), delete every file
         and log entry the new versions do not need, then commit the new versions. Local stores
         only. Readers opened before must reopen. Returns the rows kept per table.
 
+        The sorted tables stream through DuckDB within the memory budget, so compaction holds
+        no table in memory; the small unsorted ones (resources, lineage) keep their order.
         Compaction changes no logical content, so a crash midway rolls forward: the marker file
         tells the next writer to publish the tables' current versions instead of restoring."""
         if not self.local:
@@ -249,33 +291,56 @@ class DeltaStore:
             self.head = self._read_head()
             self._recover()
             snap = Snapshot(self, self.head)
-            tables = {name: snap.scan(name).collect() for name in TABLES}
-            for log in HISTORY:
-                tables[log] = remap_history(tables[log], tables["redirects"])
-            gone = tables["redirects"].filter(pl.col("into").is_null())["service_id"].implode()
-            tables["merges"] = tables["merges"].with_columns(
-                [pl.when(pl.col("source_sid").is_in(gone) | pl.col("target_sid").is_in(gone)).then(None)
-                 .otherwise(pl.col(c)).alias(c) for c in ("source", "target")])
             marker = self._compaction_marker()
             marker.touch()
             batch_no = self.head.batch_no + 1
-            for name in TABLES:
-                if not DeltaTable.is_deltatable(self._path(name)):
-                    self._create_table(name)
-                # old log entries hold column statistics of old files: let cleanup drop them
-                DeltaTable(self._path(name)).alter.set_table_properties({"delta.logRetentionDuration": "interval 0 days"})
-                rows = tables[name].with_columns(_batch=pl.lit(batch_no, pl.Int64), _deleted=pl.lit(False))
-                rows = sort_for_write(name, rows.select(list(_stored_schema(name))), KEYS[name])
-                write_deltalake(self._path(name), rows.to_arrow(), mode="overwrite", writer_properties=WRITER)
-                _failpoint(f"compact:{name}")
-                table = DeltaTable(self._path(name))
-                table.vacuum(retention_hours=0, enforce_retention_duration=False, dry_run=False)
-                table = DeltaTable(self._path(name))
-                table.create_checkpoint()
-                table.cleanup_metadata()
-            self._publish_current(batch_no)
+            with merging.connection(self.memory_limit) as con:
+                snap.duckdb(con)  # current rows, over the old files: they stay until every table is written
+                gone = con.sql('SELECT service_id FROM redirects WHERE "into" IS NULL').pl()["service_id"]
+                for name in TABLES:
+                    if not DeltaTable.is_deltatable(self._path(name)):
+                        self._create_table(name)
+                    # old log entries hold column statistics of old files: let cleanup drop them
+                    DeltaTable(self._path(name)).alter.set_table_properties(
+                        {"delta.logRetentionDuration": "interval 0 days"})
+                    write_deltalake(self._path(name), self._compacted(con, snap, name, batch_no, gone),
+                                    mode="overwrite", writer_properties=WRITER)
+                    _failpoint(f"compact:{name}")
+            kept = self._finish_compaction(batch_no)
             marker.unlink()
-            return {name: tables[name].height for name in TABLES}
+            return kept
+
+    def _compacted(self, con: duckdb.DuckDBPyConnection, snap: Snapshot, name: str, batch_no: int,
+                   gone: pl.Series) -> pa.RecordBatchReader | pa.Table:
+        """The rows a compaction writes for `name`, stamped with the compaction's batch."""
+        stamp = {"_batch": pl.lit(batch_no, pl.Int64), "_deleted": pl.lit(False)}
+        order = sort_order(name, KEYS[name])
+        if order is None:  # small or order-keeping tables: read in commit order, in memory
+            rows = snap.scan(name).collect()
+            if name == "merges":
+                rows = rows.with_columns(
+                    [pl.when(pl.col("source_sid").is_in(gone.implode()) | pl.col("target_sid").is_in(gone.implode()))
+                     .then(None).otherwise(pl.col(c)).alias(c) for c in ("source", "target")])
+            return rows.with_columns(**stamp).select(list(_stored_schema(name))).to_arrow()
+        schema = pl.DataFrame(schema=_stored_schema(name)).to_arrow().schema
+        columns = ", ".join(f'"{c}"' for c in SCHEMAS[name])
+        by = ", ".join(f'"{c}"' for c in order)
+        sql = f'SELECT {columns}, {batch_no}::BIGINT AS _batch, false AS _deleted FROM "{name}" ORDER BY {by}'
+        return merging.stream(con, sql, schema)
+
+    def _finish_compaction(self, batch_no: int) -> dict[str, int]:
+        """Drop the files and log entries the compacted versions no longer need, then publish
+        them; returns the rows of each table."""
+        kept = {}
+        for name in TABLES:
+            table = DeltaTable(self._path(name))
+            table.vacuum(retention_hours=0, enforce_retention_duration=False, dry_run=False)
+            table = DeltaTable(self._path(name))
+            table.create_checkpoint()
+            table.cleanup_metadata()
+            kept[name] = sum(pa.table(table.get_add_actions(flatten=True)).column("num_records").to_pylist())
+        self._publish_current(batch_no)
+        return kept
 
     def _compaction_marker(self) -> Path:
         return Path(self.uri) / COMPACTING

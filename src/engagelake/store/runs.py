@@ -1,13 +1,14 @@
 """Sorted runs: how a probe reads only the row groups that can hold its keys.
 
 Every data file the store writes for a keyed table or a history log is sorted by the table's
-probe column (`SORT_BY`) and cut into row groups of `ROW_GROUP_ROWS` rows. The minimum of that
-column in each row group, kept in the Parquet footer, is a fence pointer: the rows of a value
-lie in the row groups from the last one starting before it to the last one starting at or
-before it. A probe binary-searches its sorted values against those fences and reads only the
-matching row groups; footers are cached per file (files never change), so a warm probe opens no
-footer at all. This is the lookup of an LSM tree's sorted runs (Apache Paimon, RocksDB): each
-batch adds one run per table, compaction merges them into one.
+probe column (`SORT_BY`) and cut into row groups of `ROW_GROUP_ROWS` rows. The minimum and
+maximum of that column in each row group, kept in the Parquet footer, are fence pointers: a
+probe binary-searches its sorted values against them and reads only the row groups whose range
+can hold a value. A writer may put the sorted row groups of a file in another order (delta-rs
+writes streamed input in parallel), so fences are sorted by their minimum first; they hold as
+long as no two row groups' ranges overlap. Footers are cached per file (files never change), so
+a warm probe opens no footer at all. This is the lookup of an LSM tree's sorted runs (Apache
+Paimon, RocksDB); `store/merging.py` keeps their number small.
 """
 
 from __future__ import annotations
@@ -45,10 +46,12 @@ SORT_BY: dict[str, str] = {
 
 @dataclass(frozen=True)
 class Fences:
-    """The row-group starts of one file's sort column (None: the file cannot be pruned)."""
+    """The row-group ranges of one file's sort column, in key order (None: no pruning)."""
 
     metadata: pq.FileMetaData
-    starts: np.ndarray | None
+    starts: np.ndarray | None  # each row group's minimum, ascending
+    ends: np.ndarray | None = None  # its maximum (ascending too: the ranges do not overlap)
+    order: np.ndarray | None = None  # the row group at each position
 
 
 class FooterCache:
@@ -66,40 +69,46 @@ class FooterCache:
                 self._fences.clear()
             metadata = pq.read_metadata(path)
             self.footers_read += 1
-            self._fences[key] = Fences(metadata, _starts(metadata, column))
+            self._fences[key] = _fences(metadata, column)
         return self._fences[key]
 
 
-def _starts(metadata: pq.FileMetaData, column: str) -> np.ndarray | None:
+def _fences(metadata: pq.FileMetaData, column: str) -> Fences:
     names = metadata.schema.to_arrow_schema().names
     if column not in names or metadata.num_row_groups == 0:
-        return None
+        return Fences(metadata, None)
     index = names.index(column)
     starts, ends = [], []
     for g in range(metadata.num_row_groups):
         stats = metadata.row_group(g).column(index).statistics
         if (stats is None or not stats.has_min_max
                 or max(len(str(stats.min)), len(str(stats.max))) >= TRUSTED_STAT_CHARS):
-            return None
+            return Fences(metadata, None)
         starts.append(stats.min)
         ends.append(stats.max)
     if any("\x00" in v for v in (*starts, *ends)):  # numpy's fixed-width strings drop NULs
-        return None
+        return Fences(metadata, None)
     # fixed-width unicode arrays compare in C, in code point order (= UTF-8 byte order, the
     # order of Parquet statistics)
-    fences, last = np.array(starts, dtype=str), np.array(ends, dtype=str)
-    # a writer may interleave sorted input over row groups: fences hold only when every group
-    # ends at or before the next one starts
-    if np.any(last[:-1] > fences[1:]):
-        return None
-    return fences
+    first, last = np.array(starts, dtype=str), np.array(ends, dtype=str)
+    order = np.lexsort((last, first))
+    first, last = first[order], last[order]
+    # ranges may touch (a value split over two groups) but must not overlap
+    if np.any(last[:-1] > first[1:]):
+        return Fences(metadata, None)
+    return Fences(metadata, first, last, order)
 
 
-def matching_groups(starts: np.ndarray, values: np.ndarray) -> list[int]:
-    """Row groups that can hold any of the sorted `values`, given each group's first value."""
-    first = np.maximum(np.searchsorted(starts, values, side="left") - 1, 0)
+def matching_groups(starts: np.ndarray, values: np.ndarray, ends: np.ndarray | None = None) -> list[int]:
+    """Positions of the fences whose range can hold any of the sorted `values`: from the first
+    range ending at or after a value to the last one starting at or before it (without `ends`,
+    a range ends where the next one starts)."""
     last = np.searchsorted(starts, values, side="right") - 1
-    keep = last >= 0
+    if ends is None:
+        first = np.maximum(np.searchsorted(starts, values, side="left") - 1, 0)
+    else:
+        first = np.searchsorted(ends, values, side="left")
+    keep = (last >= 0) & (first <= last)
     first, last = first[keep], last[keep]
     if first.size == 0:
         return []
@@ -123,11 +132,13 @@ def read_where(paths: list[str], column: str, values: pl.Series, footers: Footer
         if fence.starts is None or not fenced:
             whole.append(path)
             continue
-        groups = matching_groups(fence.starts, wanted)
+        groups = matching_groups(fence.starts, wanted, fence.ends)
         if len(groups) * WHOLE_FILE_SHARE > len(fence.starts):
             whole.append(path)
         elif groups:  # filter in Arrow first: only the matching rows are converted to Polars
-            rows = pq.ParquetFile(path, metadata=fence.metadata).read_row_groups(groups)
+            assert fence.order is not None
+            rows = pq.ParquetFile(path, metadata=fence.metadata).read_row_groups(
+                sorted(fence.order[groups].tolist()))
             picked.append(rows.filter(pc.is_in(rows.column(column), exact)))
     frames = [pl.scan_parquet(whole, schema=schema).filter(pl.col(column).is_in(values.implode())).collect()
               ] if whole else []
@@ -138,10 +149,18 @@ def read_where(paths: list[str], column: str, values: pl.Series, footers: Footer
     return pl.concat(frames) if frames else pl.DataFrame(schema=schema)
 
 
-def sort_for_write(name: str, rows: pl.DataFrame, key: tuple[str, ...] | None) -> pl.DataFrame:
-    """A batch's rows of `name` in the order its files keep: by the probe column, then the key."""
+def sort_order(name: str, key: tuple[str, ...] | None) -> list[str] | None:
+    """The order of `name`'s files: by the probe column, then the rest of the key; a history
+    log by user, then by update sequence (each object of a batch has its own)."""
     column = SORT_BY.get(name)
     if column is None:
-        return rows
-    by = [column, *[k for k in (key or ()) if k != column]]
-    return rows.sort(by, maintain_order=True, nulls_last=True)
+        return None
+    if key is None:
+        return [column, "update_seq"]
+    return [column, *[k for k in key if k != column]]
+
+
+def sort_for_write(name: str, rows: pl.DataFrame, key: tuple[str, ...] | None) -> pl.DataFrame:
+    """A batch's rows of `name` in the order its files keep."""
+    by = sort_order(name, key)
+    return rows if by is None else rows.sort(by, maintain_order=True, nulls_last=True)

@@ -1,0 +1,127 @@
+"""Merging sorted runs, so that a probe opens few files however many batches wrote the store.
+
+Every batch adds a run (a sorted file) to each table it changes. A probe pays per run, so runs
+are merged as they accumulate, the way Apache Paimon's universal compaction and RocksDB's
+size-tiered compaction do: once a table holds more than `MERGE_TRIGGER` runs, the batch's rows
+are merged with the newest runs, taking each next older run while it holds at most
+`SIZE_RATIO` times the rows gathered so far. Runs then grow geometrically: a table of N rows
+written in batches of B rows keeps about log2(N/B) runs beyond the trigger, and each row is
+rewritten about that many times. A small batch into a big store merges only with other small
+runs; the big run at the bottom is rewritten only when as many rows have piled up above it.
+
+Merging is part of the batch's own commit: the merged run replaces, in one Delta commit per
+table, exactly the rows whose `_batch` is at or after the first merged batch (a predicate
+overwrite), so the commit protocol and its crash recovery are unchanged. The merge streams
+through DuckDB within the store's memory budget: a merge into the bottom run is as big as the
+table, and it must not hold the table in memory.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import duckdb
+import polars as pl
+import pyarrow as pa
+
+MERGE_TRIGGER = 4  # runs a table may hold (besides the batch's own) before the batch merges
+SIZE_RATIO = 2  # a merge takes the next older run while it holds <= this times the rows so far
+STREAM_ROWS = 65_536  # rows per Arrow batch between DuckDB and the Delta writer
+
+
+@dataclass(frozen=True)
+class Run:
+    """Data files written together: their rows come from batches first..last."""
+
+    first: int
+    last: int
+    rows: int
+    files: tuple[str, ...]
+
+
+def runs_of(actions: pl.DataFrame, root: str) -> list[Run]:
+    """The runs of one table version, newest first, from its Delta add actions (one row per
+    file: `path`, `num_records`, `min._batch`, `max._batch`). Files whose batch ranges overlap
+    belong to one run; a file without statistics makes its table unmergeable (no runs)."""
+    if actions.height == 0 or "min._batch" not in actions.columns or actions["min._batch"].null_count():
+        return []
+    files = actions.sort("min._batch", descending=True)
+    runs: list[Run] = []
+    for path, rows, first, last in files.select("path", "num_records", "min._batch", "max._batch").iter_rows():
+        # one row per data file, and a table keeps few files: this loop is over runs, not rows
+        uri = f"{root.rstrip('/')}/{path}"
+        if runs and last >= runs[-1].first:
+            prev = runs[-1]
+            runs[-1] = Run(min(first, prev.first), max(last, prev.last), prev.rows + rows, (*prev.files, uri))
+        else:
+            runs.append(Run(first, last, rows, (uri,)))
+    return runs
+
+
+def plan(runs: list[Run], batch_rows: int, *, trigger: int = MERGE_TRIGGER,
+         ratio: float = SIZE_RATIO) -> list[Run]:
+    """The runs (newest first) a batch of `batch_rows` rows merges with: none while the table
+    holds at most `trigger` runs; else each next older run while it is at most `ratio` times
+    the rows gathered so far."""
+    if len(runs) <= trigger:
+        return []
+    gathered, taken = batch_rows, 0
+    for run in runs:
+        if run.rows > ratio * gathered:
+            break
+        gathered += run.rows
+        taken += 1
+    return runs[:taken]
+
+
+def merge_sql(columns: list[str], key: tuple[str, ...] | None, order: list[str], files: list[str], *,
+              since: int | None, bottom: bool, batch: str | None) -> str:
+    """DuckDB SQL for the merged run: the rows of `files` from batch `since` on (all rows when
+    None) and the relation `batch`, the newest row per key (tombstones dropped when the merge
+    reaches the bottom run, where nothing older can be shadowed), in `order`."""
+    listed = ", ".join(_text(f) for f in files)
+    cols = ", ".join(f'"{c}"' for c in columns)
+    parts = [f"SELECT {cols} FROM read_parquet([{listed}])" + (f" WHERE _batch >= {since}" if since is not None else "")]
+    if batch is not None:
+        parts.append(f"SELECT {cols} FROM {batch}")
+    rows = " UNION ALL ".join(parts)
+    by = ", ".join(f'"{c}"' for c in order)
+    if key is None:
+        return f"SELECT {cols} FROM ({rows}) ORDER BY {by}"
+    keys = ", ".join(f'"{k}"' for k in key)
+    newest = f"SELECT * FROM ({rows}) QUALIFY row_number() OVER (PARTITION BY {keys} ORDER BY _batch DESC) = 1"
+    return f"SELECT {cols} FROM ({newest})" + (" WHERE NOT _deleted" if bottom else "") + f" ORDER BY {by}"
+
+
+@contextmanager
+def connection(memory_limit: str | None) -> Iterator[duckdb.DuckDBPyConnection]:
+    """A DuckDB connection that spills beyond `memory_limit` to a private temporary folder,
+    removed with the connection."""
+    with tempfile.TemporaryDirectory(prefix="engagelake-duckdb-") as spill:
+        config: dict[str, str | bool | int | float | list[str]] = {"temp_directory": spill}
+        if memory_limit:
+            config["memory_limit"] = memory_limit
+        con = duckdb.connect(config=config)
+        try:
+            yield con
+        finally:
+            con.close()
+
+
+def stream(con: duckdb.DuckDBPyConnection, sql: str, schema: pa.Schema) -> pa.RecordBatchReader:
+    """The query's rows as Arrow batches cast to the table's stored schema (DuckDB gives its
+    own string, list and time zone types)."""
+    reader = con.sql(sql).to_arrow_reader(STREAM_ROWS)
+
+    def batches() -> Iterator[pa.RecordBatch]:
+        for batch in reader:
+            yield batch.cast(schema)
+
+    return pa.RecordBatchReader.from_batches(schema, batches())
+
+
+def _text(value: str) -> str:
+    return "'" + value.replace("'", "''") + "'"

@@ -1,0 +1,123 @@
+"""Merging sorted runs (`store/merging.py`): the policy, and stores that merge read exactly like
+stores that never do."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import polars as pl
+from deltalake import DeltaTable
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from tests.helpers import open_ws, state_snapshot, track_ok
+from tests.test_model_property import population, requests
+
+from engagelake import Workspace
+from engagelake.store.merging import Run, plan, runs_of
+from engagelake.store.runs import SORT_BY, FooterCache
+
+NEVER = 10**9
+
+
+def _run(first: int, last: int, rows: int) -> Run:
+    return Run(first, last, rows, (f"f{first}",))
+
+
+def test_no_merge_until_the_trigger() -> None:
+    runs = [_run(4, 4, 10), _run(3, 3, 10), _run(2, 2, 10), _run(1, 1, 10)]
+    assert plan(runs, 10, trigger=4) == []
+    assert plan(runs, 10, trigger=3) == runs  # equal sizes merge all the way down
+
+
+def test_a_small_batch_merges_only_with_small_runs() -> None:
+    """Size ratio 2: the batch takes each next older run while it is at most twice the rows
+    gathered so far, so the big bottom run waits until as many rows piled up above it."""
+    runs = [_run(9, 9, 10), _run(8, 8, 15), _run(5, 7, 100), _run(1, 4, 10_000)]
+    assert plan(runs, 10, trigger=2) == runs[:2]  # 15 <= 2*20, then 100 > 2*35
+    assert plan(runs, 1, trigger=2) == []  # 10 > 2*1: nothing to merge yet
+    assert plan(runs, 6_000, trigger=2) == runs  # the batch is big enough to rewrite the bottom
+
+
+def test_runs_stay_few_as_equal_batches_pile_up() -> None:
+    """Simulate 500 batches of 1,000 rows: the number of runs grows like log2 of the batches,
+    and each row is rewritten about as often."""
+    runs: list[Run] = []
+    written = 0
+    for batch in range(1, 501):
+        merged = plan(runs, 1_000, trigger=4)
+        rows = 1_000 + sum(r.rows for r in merged)
+        written += rows
+        first = merged[-1].first if merged else batch
+        runs = [Run(first, batch, rows, ()), *runs[len(merged):]]
+        assert len(runs) <= 4 + 1 + 9  # trigger, the batch's own, log2(500)
+    assert written / 500_000 <= 10  # rows written per row ingested
+
+
+def test_runs_of_groups_files_whose_batches_overlap() -> None:
+    actions = pl.DataFrame({
+        "path": ["a", "b", "c", "d"], "num_records": [5, 6, 7, 8],
+        "min._batch": [1, 3, 3, 6], "max._batch": [2, 5, 4, 6],
+    })
+    runs = runs_of(actions, "/t")
+    assert [(r.first, r.last, r.rows) for r in runs] == [(6, 6, 8), (3, 5, 13), (1, 2, 5)]
+    assert runs[1].files == ("/t/b", "/t/c")
+    assert runs_of(actions.with_columns(pl.lit(None, pl.Int64).alias("min._batch")), "/t") == []
+
+
+def _fenced(ws: Workspace) -> None:
+    """Every file of every sorted table can be probed by its fences."""
+    footers = FooterCache()
+    for name, column in SORT_BY.items():
+        for path in ws.store.files(name, ws.store.head.versions.get(name)):
+            assert footers.fences(path, column).starts is not None, (name, path)
+
+
+def _pair(root: Path) -> tuple[Workspace, Workspace]:
+    merged, plain = open_ws(root, "merged"), open_ws(root, "plain")
+    merged.store.merge_trigger, plain.store.merge_trigger = 0, NEVER
+    return merged, plain
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(first=population(), batches=st.lists(st.lists(requests, min_size=1, max_size=3), min_size=3, max_size=6))
+def test_a_store_that_merges_answers_like_one_that_never_does(tmp_path_factory, first, batches) -> None:
+    """Random batches of every endpoint into a store that merges whenever the size ratio lets
+    it and into one that never merges: same responses, same current rows, same exports."""
+    merged, plain = _pair(tmp_path_factory.mktemp("merging"))
+    for batch in [first, *batches]:
+        assert merged.apply(batch) == plain.apply(batch)
+    assert state_snapshot(merged) == state_snapshot(plain)
+    _fenced(merged)
+
+
+def test_merging_down_to_the_bottom_drops_tombstones_and_shadowed_rows(tmp_path: Path) -> None:
+    """Unset and deleted keys leave tombstones in the log; a merge above the bottom keeps them
+    (they shadow older runs), one that reaches the bottom run drops them with what they shadow."""
+    merged, plain = _pair(tmp_path)
+    for ws in (merged, plain):
+        track_ok(ws, attributes=[{"external_id": f"u{n}", "score": n, "nick": "x"} for n in range(4)])
+        track_ok(ws, attributes=[{"external_id": "u1", "score": None}])  # an unset: a tombstone
+        ws.call("POST", "/users/delete", {"external_ids": ["u2"]})
+        track_ok(ws, attributes=[{"external_id": f"u{n}", "nick": "y"} for n in (0, 1, 3)])
+    assert state_snapshot(merged) == state_snapshot(plain)
+    files = DeltaTable(f"{merged.store.uri}/attributes").file_uris()
+    stored = pl.read_parquet(files)
+    assert len(files) == 1 and not stored["_deleted"].any()  # one run, current rows only
+    assert stored.height == merged.table("attributes").collect().height == 5  # u0, u1, u3: 2+1+2
+    assert len(DeltaTable(f"{plain.store.uri}/attributes").file_uris()) == 4
+    _fenced(merged)
+
+
+def test_a_merge_streams_within_the_memory_budget(tmp_path: Path) -> None:
+    """The merge runs in DuckDB under the workspace's memory limit and spills beyond it."""
+    ws = open_ws(tmp_path)
+    ws.memory_limit = ws.store.memory_limit = "64MB"
+    ws.store.merge_trigger = 0
+    for start in range(0, 3_000, 1_000):  # 1,000 rows merge with 1,000, then 2,000
+        batch = [{"method": "POST", "path": "/users/track", "body": {
+            "attributes": [{"external_id": f"u{n:05d}", "n": n} for n in range(first, first + 50)]}}
+            for first in range(start, start + 1_000, 50)]
+        assert {r.status for r in ws.apply(batch)} == {201}
+    assert len(DeltaTable(f"{ws.store.uri}/attributes").file_uris()) == 1
+    assert ws.table("attributes").collect().height == 3_000
+    _fenced(ws)
