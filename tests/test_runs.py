@@ -80,15 +80,31 @@ def test_a_point_lookup_reads_few_row_groups(tmp_path: Path) -> None:
     assert footers.footers_read == 1  # footers are cached per file
 
 
-def test_row_groups_that_overlap_give_no_fences(tmp_path: Path) -> None:
-    """Sorted row groups whose ranges overlap (a writer interleaving its input) must not prune."""
-    frame = pl.DataFrame({"k": ["a", "m", "c", "z"], "v": [1, 2, 3, 4]}, schema=SCHEMA)
+def test_a_row_group_that_overlaps_others_is_tested_on_its_own(tmp_path: Path) -> None:
+    """A writer that reorders its input can cut a row group across two distant stretches of
+    keys: that group is tested by its own range, the others still by bisection."""
+    keys = ["a", "b", "c", "d", "e", "f", "g", "h"]
+    frame = pl.DataFrame({"k": ["a", "b", "c", "y", "d", "e", "f", "g"], "v": list(range(8))}, schema=SCHEMA)
     path = tmp_path / "overlap.parquet"
-    pq.write_table(frame.to_arrow(), path, row_group_size=2)  # groups [a, m] and [c, z]
+    pq.write_table(frame.to_arrow(), path, row_group_size=2)  # [a,b] [c,y] [d,e] [f,g]
+    footers = FooterCache()
+    fences = footers.fences(str(path), "k")
+    assert fences.starts is not None and [w[2] for w in fences.wide] == [1]
+    assert fences.groups(np.array(["e"], dtype=str)) == [1, 2]  # [c,y] may hold it too
+    assert fences.groups(np.array(["z"], dtype=str)) == []
+    got = read_where([str(path)], "k", pl.Series([*keys, "y"]), footers, SCHEMA)
+    assert sorted(got["k"].to_list()) == sorted(frame["k"].to_list())
+
+
+def test_a_file_whose_row_groups_mostly_overlap_is_read_whole(tmp_path: Path) -> None:
+    keys = [f"{n:03d}" for n in range(400)]
+    frame = pl.DataFrame({"k": keys[::2] + keys[1::2], "v": list(range(400))}, schema=SCHEMA)
+    path = tmp_path / "interleaved.parquet"
+    pq.write_table(frame.to_arrow(), path, row_group_size=10)  # every group spans half the keys
     footers = FooterCache()
     assert footers.fences(str(path), "k").starts is None
-    got = read_where([str(path)], "k", pl.Series(["k", "m"]), footers, SCHEMA)
-    assert got["k"].to_list() == ["m"]
+    got = read_where([str(path)], "k", pl.Series(["007", "300"]), footers, SCHEMA)
+    assert sorted(got["k"].to_list()) == ["007", "300"]
 
 
 def test_keys_with_nul_characters_are_read_exactly(tmp_path: Path) -> None:

@@ -5,8 +5,9 @@ probe column (`SORT_BY`) and cut into row groups of `ROW_GROUP_ROWS` rows. The m
 maximum of that column in each row group, kept in the Parquet footer, are fence pointers: a
 probe binary-searches its sorted values against them and reads only the row groups whose range
 can hold a value. A writer may put the sorted row groups of a file in another order (delta-rs
-writes streamed input in parallel), so fences are sorted by their minimum first; they hold as
-long as no two row groups' ranges overlap. Footers are cached per file (files never change), so
+writes streamed input in parallel, and may cut a row group across two distant stretches of
+keys), so fences are sorted first, and the few row groups whose ranges overlap others are
+tested one by one. Footers are cached per file (files never change), so
 a warm probe opens no footer at all. This is the lookup of an LSM tree's sorted runs (Apache
 Paimon, RocksDB); `store/merging.py` keeps their number small.
 """
@@ -28,6 +29,9 @@ ROW_GROUP_ROWS = 1024
 TRUSTED_STAT_CHARS = 512
 # When more than 1/WHOLE_FILE_SHARE of a file's row groups match, scan the file instead.
 WHOLE_FILE_SHARE = 3
+# Row groups whose range overlaps others are tested one by one; beyond this many (or 1% of
+# the file's row groups) the file is read whole.
+MAX_WIDE_GROUPS = 16
 
 # The probe column each table's files are sorted by (then by the rest of the key). Tables not
 # named here are small (resources) or read whole in order (lineage) and are not sorted.
@@ -46,12 +50,26 @@ SORT_BY: dict[str, str] = {
 
 @dataclass(frozen=True)
 class Fences:
-    """The row-group ranges of one file's sort column, in key order (None: no pruning)."""
+    """The row-group ranges of one file's sort column (starts None: the file is read whole).
+
+    Row groups are split into a chain of ranges that do not overlap, sorted, searched by
+    bisection, and a few wide ones (a writer that reorders its input may cut a row group
+    across two distant stretches of keys) that are tested one by one."""
 
     metadata: pq.FileMetaData
-    starts: np.ndarray | None  # each row group's minimum, ascending
-    ends: np.ndarray | None = None  # its maximum (ascending too: the ranges do not overlap)
-    order: np.ndarray | None = None  # the row group at each position
+    starts: np.ndarray | None  # the chain's minimums, ascending
+    ends: np.ndarray | None = None  # its maximums (ascending too)
+    order: np.ndarray | None = None  # the row group at each chain position
+    wide: tuple[tuple[str, str, int], ...] = ()  # (min, max, row group) of the others
+
+    def groups(self, values: np.ndarray) -> list[int]:
+        """The row groups that can hold any of the sorted `values`."""
+        assert self.starts is not None and self.order is not None
+        found = self.order[matching_groups(self.starts, values, self.ends)].tolist()
+        for low, high, group in self.wide:
+            if np.any((values >= low) & (values <= high)):
+                found.append(group)
+        return sorted(found)
 
 
 class FooterCache:
@@ -91,12 +109,19 @@ def _fences(metadata: pq.FileMetaData, column: str) -> Fences:
     # fixed-width unicode arrays compare in C, in code point order (= UTF-8 byte order, the
     # order of Parquet statistics)
     first, last = np.array(starts, dtype=str), np.array(ends, dtype=str)
-    order = np.lexsort((last, first))
-    first, last = first[order], last[order]
-    # ranges may touch (a value split over two groups) but must not overlap
-    if np.any(last[:-1] > first[1:]):
+    # the most ranges that do not overlap, taken by earliest end (interval scheduling); ranges
+    # may touch (a value split over two row groups)
+    chain, wide, reach = [], [], None
+    for g in np.lexsort((first, last)).tolist():  # once per file: its footer is cached
+        if reach is None or first[g] >= reach:
+            chain.append(g)
+            reach = last[g]
+        else:
+            wide.append((str(first[g]), str(last[g]), g))
+    if len(wide) > max(MAX_WIDE_GROUPS, len(chain) // 100):
         return Fences(metadata, None)
-    return Fences(metadata, first, last, order)
+    order = np.array(chain, dtype=np.int64)
+    return Fences(metadata, first[order], last[order], order, tuple(wide))
 
 
 def matching_groups(starts: np.ndarray, values: np.ndarray, ends: np.ndarray | None = None) -> list[int]:
@@ -132,13 +157,11 @@ def read_where(paths: list[str], column: str, values: pl.Series, footers: Footer
         if fence.starts is None or not fenced:
             whole.append(path)
             continue
-        groups = matching_groups(fence.starts, wanted, fence.ends)
-        if len(groups) * WHOLE_FILE_SHARE > len(fence.starts):
+        groups = fence.groups(wanted)
+        if len(groups) * WHOLE_FILE_SHARE > fence.metadata.num_row_groups:
             whole.append(path)
         elif groups:  # filter in Arrow first: only the matching rows are converted to Polars
-            assert fence.order is not None
-            rows = pq.ParquetFile(path, metadata=fence.metadata).read_row_groups(
-                sorted(fence.order[groups].tolist()))
+            rows = pq.ParquetFile(path, metadata=fence.metadata).read_row_groups(groups)
             picked.append(rows.filter(pc.is_in(rows.column(column), exact)))
     frames = [pl.scan_parquet(whole, schema=schema).filter(pl.col(column).is_in(values.implode())).collect()
               ] if whole else []
