@@ -3,18 +3,21 @@ stores that never do."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import polars as pl
 from deltalake import DeltaTable
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from polars.testing import assert_frame_equal
 from tests.helpers import open_ws, state_snapshot, track_ok
 from tests.test_model_property import population, requests
 
 from engagelake import Workspace
 from engagelake.store.merging import Run, plan, runs_of
 from engagelake.store.runs import SORT_BY, FooterCache
+from engagelake.tables.schema import INDEXES
 
 NEVER = 10**9
 
@@ -121,3 +124,54 @@ def test_a_merge_streams_within_the_memory_budget(tmp_path: Path) -> None:
     assert len(DeltaTable(f"{ws.store.uri}/attributes").file_uris()) == 1
     assert ws.table("attributes").collect().height == 3_000
     _fenced(ws)
+
+
+def test_probes_by_a_secondary_column_read_its_index(tmp_path: Path) -> None:
+    """Email and phone lookups, and the owner lookups of an export (aliases, push tokens, history
+    redirected by a merge), read the index tables, never a whole column; an index keeps stale
+    entries (a changed email) that the reader drops."""
+    ws = open_ws(tmp_path)
+    track_ok(ws, attributes=[
+        {"external_id": "a", "email": "a@x.com", "phone": "+14155550100"},
+        {"user_alias": {"alias_name": "anon", "alias_label": "web"}, "_update_existing_only": False},
+    ])
+    ws.call("POST", "/users/merge", {"merge_updates": [{
+        "identifier_to_merge": {"user_alias": {"alias_name": "anon", "alias_label": "web"}},
+        "identifier_to_keep": {"external_id": "a"}}]})
+    track_ok(ws, attributes=[{"external_id": "a", "email": "b@x.com"}])  # a@x.com goes stale
+    ws.store.column_scans.clear()
+    assert export_one_by(ws, email_address="b@x.com") == ["a"]
+    assert export_one_by(ws, email_address="a@x.com") == []
+    assert export_one_by(ws, phone="+14155550100") == ["a"]
+    track_ok(ws, attributes=[{"email": "b@x.com", "nick": "by email"}])
+    assert ws.store.column_scans == []
+    index = ws.table("profiles").collect()  # the reader's answer is the index-free answer
+    snap = ws.store.snapshot()
+    bare = type(snap)(ws.store, replace(snap.head, versions={
+        k: v for k, v in snap.head.versions.items() if k not in INDEXES}))
+    for column, values in (("email", ["a@x.com", "b@x.com"]), ("phone", ["+14155550100"])):
+        wanted = pl.Series(values)
+        assert_frame_equal(snap.probe("profiles", column, wanted), bare.probe("profiles", column, wanted),
+                           check_row_order=False)
+    assert ("profiles", "email") in ws.store.column_scans  # the bare head scanned the column
+    assert index.height == 1
+
+
+def test_compaction_rebuilds_indexes_from_current_rows(tmp_path: Path) -> None:
+    ws = open_ws(tmp_path)
+    track_ok(ws, attributes=[{"external_id": "a", "email": "a@x.com"}])
+    track_ok(ws, attributes=[{"external_id": "a", "email": "b@x.com"}])
+    before = pl.read_delta(f"{ws.store.uri}/_index_profiles_email")["email"].sort().to_list()
+    assert before == ["a@x.com", "b@x.com"]
+    ws.compact()
+    after = pl.read_delta(f"{ws.store.uri}/_index_profiles_email")["email"].to_list()
+    assert after == ["b@x.com"]
+    assert export_one_by(ws, email_address="b@x.com") == ["a"]
+
+
+def export_one_by(ws: Workspace, **identifier: str) -> list[str]:
+    (kind, value), = identifier.items()
+    fields = ["external_id", "user_aliases", "push_tokens", "custom_events"]
+    r = ws.call("POST", "/users/export/ids", {kind: value, "fields_to_export": fields})
+    assert r.status == 200, r
+    return [u["external_id"] for u in r.body["users"]]

@@ -43,7 +43,17 @@ from engagelake.store.runs import (
     sort_order,
 )
 from engagelake.tables.changes import Changes
-from engagelake.tables.schema import HISTORY, KEYS, SCHEMAS, TABLES, UTC_TS, empty
+from engagelake.tables.schema import (
+    HISTORY,
+    INDEX_OF,
+    INDEXES,
+    KEYS,
+    SCHEMAS,
+    STORED,
+    TABLES,
+    UTC_TS,
+    empty,
+)
 
 LEDGER = "_ledger"
 LEDGER_SCHEMA = {
@@ -101,12 +111,13 @@ class DeltaStore:
         self._ledger_version = -1
         self._files: dict[tuple[str, int], tuple[list[str], list[merging.Run]]] = {}  # per table version
         self.footers = FooterCache()
+        self.column_scans: list[tuple[str, str]] = []  # probes that read a whole column (tests)
 
     def _path(self, name: str) -> str:
         return f"{self.uri.rstrip('/')}/{name}"
 
     def _create(self, seed: str) -> None:
-        versions = {name: self._create_table(name) for name in TABLES}
+        versions = {name: self._create_table(name) for name in STORED}
         self._append_ledger(0, None, versions, 0, 0, seed, [])
 
     def _create_table(self, name: str) -> int:
@@ -149,7 +160,7 @@ class DeltaStore:
             self._finish_compaction(self.head.batch_no + 1)
             self._compaction_marker().unlink()
             return
-        for name in TABLES:
+        for name in STORED:
             if not DeltaTable.is_deltatable(self._path(name)):
                 continue
             table = DeltaTable(self._path(name))
@@ -190,7 +201,7 @@ class DeltaStore:
     def _version_files(self, name: str, version: int) -> tuple[list[str], list[merging.Run]]:
         """The data files and sorted runs of one table version (cached: a version never changes)."""
         if (name, version) not in self._files:
-            if len(self._files) > 4 * len(TABLES):
+            if len(self._files) > 4 * len(STORED):
                 self._files.clear()
             table = DeltaTable(self._path(name), version=version)
             actions = pl.DataFrame(pa.table(table.get_add_actions(flatten=True)))
@@ -234,6 +245,7 @@ class DeltaStore:
         batch_no = self.head.batch_no + 1
         versions = dict(self.head.versions)
         _failpoint("before_tables")
+        written: dict[str, pl.DataFrame] = {}
         for name, (ups, dels) in changes.merged().items():
             parts = []
             if ups is not None:
@@ -244,21 +256,36 @@ class DeltaStore:
                 [pl.col(c).cast(t) if c in parts[0].columns or c in parts[-1].columns else pl.lit(None).cast(t).alias(c)
                  for c, t in _stored_schema(name).items()]
             )
-            if name not in versions and not DeltaTable.is_deltatable(self._path(name)):
-                self._create_table(name)
-            rows = sort_for_write(name, rows, KEYS[name])
-            runs = self.runs(name, versions.get(name)) if name in SORT_BY else []
-            merged = merging.plan(runs, rows.height, trigger=self.merge_trigger)
-            if merged:
-                self._merge(name, rows, merged, bottom=len(merged) == len(runs))
-            else:
-                write_deltalake(self._path(name), rows.to_arrow(), mode="append", writer_properties=WRITER)
-            versions[name] = DeltaTable(self._path(name)).version()
-            _failpoint(f"after_table:{name}")
+            self._write_rows(name, rows, versions)
+            if ups is not None:
+                written[name] = ups
+        for index, (name, column) in INDEXES.items():
+            # an index exists from the store's creation (or a compaction) on: older stores
+            # scan the column until compaction builds it
+            if name in written and index in versions:
+                entries = (written[name].filter(pl.col(column).is_not_null()).select(list(SCHEMAS[index]))
+                           .unique().with_columns(_batch=pl.lit(batch_no, pl.Int64), _deleted=pl.lit(False)))
+                if entries.height:
+                    self._write_rows(index, entries, versions)
         _failpoint("before_ledger")
         self._append_ledger(batch_no, key, versions, next_profile_n, next_update_seq, self.head.seed, responses)
         _failpoint("after_ledger")
         self.head = Head(batch_no, versions, next_profile_n, next_update_seq, self.head.seed)
+
+    def _write_rows(self, name: str, rows: pl.DataFrame, versions: dict[str, int]) -> None:
+        """Append a batch's rows of one table as a sorted run, merged with the newest runs when
+        the table holds too many (`store/merging.py`); note the table's new version."""
+        if name not in versions and not DeltaTable.is_deltatable(self._path(name)):
+            self._create_table(name)
+        rows = sort_for_write(name, rows, KEYS[name])
+        runs = self.runs(name, versions.get(name)) if name in SORT_BY else []
+        merged = merging.plan(runs, rows.height, trigger=self.merge_trigger)
+        if merged:
+            self._merge(name, rows, merged, bottom=len(merged) == len(runs))
+        else:
+            write_deltalake(self._path(name), rows.to_arrow(), mode="append", writer_properties=WRITER)
+        versions[name] = DeltaTable(self._path(name)).version()
+        _failpoint(f"after_table:{name}")
 
     def _merge(self, name: str, rows: pl.DataFrame, runs: list[merging.Run], *, bottom: bool) -> None:
         """Write a batch's rows of `name` merged with its newest `runs` into one run that
@@ -297,7 +324,7 @@ class DeltaStore:
             with merging.connection(self.memory_limit) as con:
                 snap.duckdb(con)  # current rows, over the old files: they stay until every table is written
                 gone = con.sql('SELECT service_id FROM redirects WHERE "into" IS NULL').pl()["service_id"]
-                for name in TABLES:
+                for name in STORED:
                     if not DeltaTable.is_deltatable(self._path(name)):
                         self._create_table(name)
                     # old log entries hold column statistics of old files: let cleanup drop them
@@ -308,7 +335,7 @@ class DeltaStore:
                     _failpoint(f"compact:{name}")
             kept = self._finish_compaction(batch_no)
             marker.unlink()
-            return kept
+            return {name: kept[name] for name in TABLES}
 
     def _compacted(self, con: duckdb.DuckDBPyConnection, snap: Snapshot, name: str, batch_no: int,
                    gone: pl.Series) -> pa.RecordBatchReader | pa.Table:
@@ -325,14 +352,18 @@ class DeltaStore:
         schema = pl.DataFrame(schema=_stored_schema(name)).to_arrow().schema
         columns = ", ".join(f'"{c}"' for c in SCHEMAS[name])
         by = ", ".join(f'"{c}"' for c in order)
-        sql = f'SELECT {columns}, {batch_no}::BIGINT AS _batch, false AS _deleted FROM "{name}" ORDER BY {by}'
+        source = f'"{name}"'
+        if name in INDEXES:  # an index of the current rows only: stale entries go
+            table, column = INDEXES[name]
+            source = f'(SELECT DISTINCT {columns} FROM "{table}" WHERE "{column}" IS NOT NULL)'
+        sql = f'SELECT {columns}, {batch_no}::BIGINT AS _batch, false AS _deleted FROM {source} ORDER BY {by}'
         return merging.stream(con, sql, schema)
 
     def _finish_compaction(self, batch_no: int) -> dict[str, int]:
         """Drop the files and log entries the compacted versions no longer need, then publish
         them; returns the rows of each table."""
         kept = {}
-        for name in TABLES:
+        for name in STORED:
             table = DeltaTable(self._path(name))
             table.vacuum(retention_hours=0, enforce_retention_duration=False, dry_run=False)
             table = DeltaTable(self._path(name))
@@ -359,7 +390,7 @@ class DeltaStore:
 
     def _publish_current(self, batch_no: int) -> None:
         """A ledger row naming every table's current version (the end of a compaction)."""
-        versions = {name: DeltaTable(self._path(name)).version() for name in TABLES}
+        versions = {name: DeltaTable(self._path(name)).version() for name in STORED}
         self._append_ledger(batch_no, None, versions, self.head.next_profile_n, self.head.next_update_seq,
                             self.head.seed, [])
         self.head = Head(batch_no, versions, self.head.next_profile_n, self.head.next_update_seq, self.head.seed)
@@ -397,6 +428,7 @@ class Snapshot:
         pointers on the sort column, else a scan of that column with predicate pushdown."""
         if column == SORT_BY.get(name):
             return read_where(self.files(name), column, values, self.store.footers, _stored_schema(name))
+        self.store.column_scans.append((name, column))
         rows = self._stored(name)
         assert rows is not None
         return rows.filter(pl.col(column).is_in(values.implode())).collect()
@@ -411,7 +443,11 @@ class Snapshot:
         if column in key:  # every row of a matching key matches: one pass
             hits = self._read_where(name, column, values)
         else:  # a secondary column: the keys that ever had the value, then their newest rows
-            keys = self._read_where(name, column, values).select(key).unique()
+            index = INDEX_OF.get((name, column))
+            if index is not None and index in self.head.versions:
+                keys = self.probe(index, column, values).select(key).unique()
+            else:  # no index (a store older than it, until compaction): scan the column
+                keys = self._read_where(name, column, values).select(key).unique()
             lead = SORT_BY.get(name, key[0])
             hits = self._read_where(name, lead, keys[lead]).join(keys, on=list(key), how="semi")
         current = (

@@ -22,6 +22,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from engagelake.tables.schema import INDEXES
+
 # Row groups small enough that a point lookup decodes little, large enough that footers stay
 # small (a footer holds one entry per row group and column).
 ROW_GROUP_ROWS = 1024
@@ -45,6 +47,7 @@ SORT_BY: dict[str, str] = {
     "events": "service_id",
     "purchases": "service_id",
     "redirects": "service_id",
+    **{index: column for index, (_, column) in INDEXES.items()},
 }
 
 

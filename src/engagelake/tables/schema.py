@@ -89,6 +89,27 @@ for _module in (tables_scim, tables_preference_centers, tables_catalogs, tables_
 
 TABLES = tuple(SCHEMAS)
 
+# Secondary indexes, store-internal tables: a probe of a table by a column its files are not
+# sorted by reads the index instead of that whole column. An index holds (value, key) for every
+# row ever written with a value, sorted by value; readers then check the keys' current rows, so
+# nothing is ever deleted from an index until compaction rebuilds it.
+INDEXES: dict[str, tuple[str, str]] = {
+    "_index_profiles_email": ("profiles", "email"),
+    "_index_profiles_phone": ("profiles", "phone"),
+    "_index_external_ids_service_id": ("external_ids", "service_id"),
+    "_index_aliases_service_id": ("aliases", "service_id"),
+    "_index_push_tokens_service_id": ("push_tokens", "service_id"),
+    "_index_push_tokens_device_id": ("push_tokens", "device_id"),
+    "_index_redirects_into": ("redirects", "into"),
+}
+INDEX_OF = {pair: index for index, pair in INDEXES.items()}
+for _index, (_table, _column) in INDEXES.items():
+    _key = [_column, *[k for k in KEYS[_table] or () if k != _column]]
+    SCHEMAS[_index] = {c: SCHEMAS[_table][c] for c in _key}
+    KEYS[_index] = tuple(_key)
+
+STORED = TABLES + tuple(INDEXES)  # every table the store keeps
+
 
 def empty(name: str) -> pl.DataFrame:
     """An empty frame with the table's schema."""
