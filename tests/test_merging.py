@@ -3,6 +3,8 @@ stores that never do."""
 
 from __future__ import annotations
 
+import shutil
+import signal
 from dataclasses import replace
 from pathlib import Path
 
@@ -11,6 +13,7 @@ from deltalake import DeltaTable
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from polars.testing import assert_frame_equal
+from tests.crash_worker import run_worker
 from tests.helpers import open_ws, state_snapshot, track_ok
 from tests.test_model_property import population, requests
 
@@ -175,3 +178,44 @@ def export_one_by(ws: Workspace, **identifier: str) -> list[str]:
     r = ws.call("POST", "/users/export/ids", {kind: value, "fields_to_export": fields})
     assert r.status == 200, r
     return [u["external_id"] for u in r.body["users"]]
+
+
+def _without_indexes(root: Path) -> Workspace:
+    """A store as one made before the index tables: its ledger names none of them."""
+    ws = open_ws(root)
+    track_ok(ws, attributes=[{"external_id": "a", "email": "a@x.com"}])
+    head = ws.store.head
+    for index in INDEXES:
+        shutil.rmtree(root / "store" / index)
+    ws.store._append_ledger(head.batch_no + 1, None, {k: v for k, v in head.versions.items() if k not in INDEXES},
+                            head.next_profile_n, head.next_update_seq, head.seed, [])
+    return open_ws(root)
+
+
+def test_a_store_older_than_its_indexes_scans_until_compaction_builds_them(tmp_path: Path) -> None:
+    ws = _without_indexes(tmp_path)
+    track_ok(ws, attributes=[{"external_id": "b", "email": "b@x.com"}])
+    assert not (tmp_path / "store" / "_index_profiles_email").exists()  # a batch never starts one
+    assert export_one_by(ws, email_address="a@x.com") == ["a"]
+    assert ("profiles", "email") in ws.store.column_scans
+    ws.compact()
+    ws = open_ws(tmp_path)
+    assert set(INDEXES) <= set(ws.store.head.versions)
+    assert export_one_by(ws, email_address="b@x.com") == ["b"]
+    assert ws.store.column_scans == []
+
+
+def test_an_index_a_dead_compaction_was_building_stays_unpublished(tmp_path: Path) -> None:
+    """Killed while building the indexes of an older store, compaction rolls forward without
+    them (they may be half built), and the next compaction builds them whole."""
+    _without_indexes(tmp_path)
+    proc = run_worker(tmp_path / "store", "compact:_index_profiles_email")
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
+    ws = open_ws(tmp_path)
+    track_ok(ws, attributes=[{"external_id": "b", "email": "b@x.com"}])  # rolls the compaction forward
+    assert not (set(INDEXES) & set(ws.store.head.versions))
+    assert export_one_by(ws, email_address="a@x.com") == ["a"]
+    assert export_one_by(ws, email_address="b@x.com") == ["b"]
+    ws.compact()
+    assert set(INDEXES) <= set(ws.store.head.versions)
+    assert export_one_by(ws, email_address="b@x.com") == ["b"]

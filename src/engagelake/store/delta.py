@@ -157,7 +157,10 @@ class DeltaStore:
         writer's); only called under the writer lock, so no live writer is mid-commit. A dead
         compaction is rolled forward instead (it changed no content; its old files are gone)."""
         if self._compacting():
-            self._finish_compaction(self.head.batch_no + 1)
+            # an index the head does not name yet may be half built: it stays unpublished (and
+            # probes scan its column) until the next compaction builds it whole
+            unbuilt = {index for index in INDEXES if index not in self.head.versions}
+            self._finish_compaction(self.head.batch_no + 1, [n for n in STORED if n not in unbuilt])
             self._compaction_marker().unlink()
             return
         for name in STORED:
@@ -333,7 +336,7 @@ class DeltaStore:
                     write_deltalake(self._path(name), self._compacted(con, snap, name, batch_no, gone),
                                     mode="overwrite", writer_properties=WRITER)
                     _failpoint(f"compact:{name}")
-            kept = self._finish_compaction(batch_no)
+            kept = self._finish_compaction(batch_no, list(STORED))
             marker.unlink()
             return {name: kept[name] for name in TABLES}
 
@@ -359,18 +362,20 @@ class DeltaStore:
         sql = f'SELECT {columns}, {batch_no}::BIGINT AS _batch, false AS _deleted FROM {source} ORDER BY {by}'
         return merging.stream(con, sql, schema)
 
-    def _finish_compaction(self, batch_no: int) -> dict[str, int]:
+    def _finish_compaction(self, batch_no: int, tables: list[str]) -> dict[str, int]:
         """Drop the files and log entries the compacted versions no longer need, then publish
-        them; returns the rows of each table."""
+        `tables`; returns the rows of each."""
         kept = {}
-        for name in STORED:
+        for name in tables:
+            if not DeltaTable.is_deltatable(self._path(name)):
+                continue
             table = DeltaTable(self._path(name))
             table.vacuum(retention_hours=0, enforce_retention_duration=False, dry_run=False)
             table = DeltaTable(self._path(name))
             table.create_checkpoint()
             table.cleanup_metadata()
             kept[name] = sum(pa.table(table.get_add_actions(flatten=True)).column("num_records").to_pylist())
-        self._publish_current(batch_no)
+        self._publish_current(batch_no, list(kept))
         return kept
 
     def _compaction_marker(self) -> Path:
@@ -388,9 +393,9 @@ class DeltaStore:
                 self.head = self._read_head()
                 self._recover()
 
-    def _publish_current(self, batch_no: int) -> None:
-        """A ledger row naming every table's current version (the end of a compaction)."""
-        versions = {name: DeltaTable(self._path(name)).version() for name in STORED}
+    def _publish_current(self, batch_no: int, tables: list[str]) -> None:
+        """A ledger row naming the current version of `tables` (the end of a compaction)."""
+        versions = {name: DeltaTable(self._path(name)).version() for name in tables}
         self._append_ledger(batch_no, None, versions, self.head.next_profile_n, self.head.next_update_seq,
                             self.head.seed, [])
         self.head = Head(batch_no, versions, self.head.next_profile_n, self.head.next_update_seq, self.head.seed)
