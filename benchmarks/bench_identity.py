@@ -68,10 +68,14 @@ def merge_requests(groups: list[list[int]], *, by_email: bool = False) -> list[d
 
 
 def timed(ws: Workspace, requests: list[dict[str, Any]]) -> tuple[float, int, list[int]]:
+    ws.store.merges.clear()
     with RssSampler() as rss:
         t = time.perf_counter()
         responses = ws.apply(requests)
         seconds = time.perf_counter() - t
+    if ws.store.merges:  # the store merging its sorted runs as part of the batch's commit
+        console.print(f"  of which run merges {sum(s for _, _, s in ws.store.merges):.2f} s "
+                      f"({', '.join(f'{t} {n} runs {s:.2f} s' for t, n, s in ws.store.merges)})")
     return seconds, rss.peak, sorted({r.status for r in responses})
 
 

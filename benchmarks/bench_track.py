@@ -48,6 +48,7 @@ from rich.console import Console
 from rich.table import Table
 
 from engagelake.rules.messages import EXPORT_FIELDS
+from engagelake.tables.schema import TABLES
 from engagelake.workspace import Response, Workspace
 
 NOW = datetime(2026, 1, 15, 12, 0, tzinfo=UTC)
@@ -132,9 +133,21 @@ def mib(n: float) -> str:
     return f"{n / 1024**2:,.0f} MiB"
 
 
-def rows_appended(ws: Workspace, before: dict[str, int]) -> dict[str, int]:
-    """Rows the engine appended to each table since the table versions in `before`, read from
-    the Delta logs (`num_added_rows` of every commit after that version)."""
+def rows_appended(ws: Workspace, batch_before: int) -> dict[str, int]:
+    """Rows of the data tables the batches after `batch_before` added: the engine's output, the
+    rows the I/O floor writes (not the rows run merges rewrote, nor index entries)."""
+    out: dict[str, int] = {}
+    for name in TABLES:
+        files = ws.store.files(name, ws.store.head.versions.get(name))
+        out[name] = (pl.scan_parquet(files).filter(pl.col("_batch") > batch_before).select(pl.len())
+                     .collect().item()) if files else 0
+    return out
+
+
+def rows_written(ws: Workspace, before: dict[str, int]) -> dict[str, int]:
+    """Rows the engine wrote to each table since the table versions in `before` (new rows, run
+    merges' rewrites and index entries), read from the Delta logs (`num_added_rows` of every
+    commit after that version)."""
     out: dict[str, int] = {}
     for name, version in ws.store.head.versions.items():
         if version <= before[name]:
@@ -500,6 +513,8 @@ def main() -> None:
                   f"({', '.join(f'{v:,} {k}' for k, v in kinds.items())}), {mode}; "
                   f"generation {gen_s:.2f} s, request dicts hold ~{mib(input_rss)} (sizeof estimate)")
     versions_before = dict(ws.store.head.versions)
+    batch_before = ws.store.head.batch_no
+    ws.store.merges.clear()
     heights_before = {n: ws.table(n).collect().height for n in ws.table_names()}
     gc.collect()
     p1_responses: list[Response] = []
@@ -508,7 +523,9 @@ def main() -> None:
         for group in groups:
             p1_responses.extend(ws.apply(group))
         p1_s = time.perf_counter() - t
-    appended = rows_appended(ws, versions_before)
+    appended = rows_appended(ws, batch_before)
+    written = rows_written(ws, versions_before)
+    p1_merges = list(ws.store.merges)
     growth = {n: ws.table(n).collect().height - heights_before[n] for n in ws.table_names()}
     p1_rate = n_objects / p1_s
     console.print(f"  engine: {p1_s:.2f} s = {p1_rate:,.0f} objects/s; responses {dict(statuses(p1_responses))}, "
@@ -516,6 +533,11 @@ def main() -> None:
     console.print(f"  rows appended: {sum(appended.values()):,} "
                   f"({', '.join(f'{k} {v:,}' for k, v in appended.items() if v)}); "
                   f"table growth: {', '.join(f'{k} {v:+,}' for k, v in growth.items() if v)}")
+    console.print(f"  rows written with run merges and indexes: {sum(written.values()):,} "
+                  f"({', '.join(f'{k} {v:,}' for k, v in written.items() if v)})")
+    merge_s = sum(s for _, _, s in p1_merges)
+    console.print(f"  run merges: {merge_s:.2f} s of the engine time "
+                  f"({', '.join(f'{t} {n} runs {s:.2f} s' for t, n, s in p1_merges) or 'none'})")
     console.print(f"  RSS: VmRSS before P1 {mib(rss.baseline)}, peak during P1 {mib(rss.peak)} "
                   f"(delta {mib(rss.delta)}); ru_maxrss {mib(max_rss())}")
     floor = io_floor(p1_requests, appended, out / "floor")
@@ -529,7 +551,8 @@ def main() -> None:
         "generation_s": gen_s, "seconds": p1_s, "objects_per_s": p1_rate,
         "status_counts": {str(k): v for k, v in statuses(p1_responses).items()},
         "responses_with_errors": errors_in(p1_responses),
-        "rows_appended": appended, "table_growth": growth,
+        "rows_appended": appended, "rows_written": written, "table_growth": growth,
+        "merges": p1_merges,
         "input_dicts_rss_bytes": input_rss, "rss_before_bytes": rss.baseline,
         "rss_peak_bytes": rss.peak, "rss_delta_bytes": rss.delta, "ru_maxrss_bytes": max_rss(),
         "floor": floor, "engine_floor_ratio": ratio,

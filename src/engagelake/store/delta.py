@@ -18,6 +18,7 @@ from __future__ import annotations
 import fcntl
 import os
 import signal
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -112,6 +113,7 @@ class DeltaStore:
         self._files: dict[tuple[str, int], tuple[list[str], list[merging.Run]]] = {}  # per table version
         self.footers = FooterCache()
         self.column_scans: list[tuple[str, str]] = []  # probes that read a whole column (tests)
+        self.merges: list[tuple[str, int, float]] = []  # run merges: (table, runs merged, seconds)
 
     def _path(self, name: str) -> str:
         return f"{self.uri.rstrip('/')}/{name}"
@@ -293,6 +295,7 @@ class DeltaStore:
     def _merge(self, name: str, rows: pl.DataFrame, runs: list[merging.Run], *, bottom: bool) -> None:
         """Write a batch's rows of `name` merged with its newest `runs` into one run that
         replaces them in a single Delta commit (see `store/merging.py`)."""
+        started = time.perf_counter()
         since = runs[-1].first
         files = [f for run in runs for f in run.files]
         batch = rows.to_arrow()
@@ -304,6 +307,7 @@ class DeltaStore:
                                     bottom=bottom, batch="batch_rows")
             write_deltalake(self._path(name), merging.stream(con, sql, batch.schema), mode="overwrite",
                             predicate=f"_batch >= {since}", writer_properties=WRITER)
+        self.merges.append((name, len(runs), time.perf_counter() - started))
 
     def compact(self) -> dict[str, int]:
         """Rewrite every table as its current rows (newest row per key, no tombstones, history

@@ -30,6 +30,7 @@ import pyarrow as pa
 MERGE_TRIGGER = 4  # runs a table may hold (besides the batch's own) before the batch merges
 SIZE_RATIO = 2  # a merge takes the next older run while it holds <= this times the rows so far
 STREAM_ROWS = 65_536  # rows per Arrow batch between DuckDB and the Delta writer
+DEFAULT_MEMORY = "1GB"  # DuckDB's budget for a merge or compaction when the store sets none
 
 
 @dataclass(frozen=True)
@@ -98,12 +99,11 @@ def merge_sql(columns: list[str], key: tuple[str, ...] | None, order: list[str],
 
 @contextmanager
 def connection(memory_limit: str | None) -> Iterator[duckdb.DuckDBPyConnection]:
-    """A DuckDB connection that spills beyond `memory_limit` to a private temporary folder,
-    removed with the connection."""
+    """A DuckDB connection that spills beyond `memory_limit` (default `DEFAULT_MEMORY`) to a
+    private temporary folder, removed with the connection."""
     with tempfile.TemporaryDirectory(prefix="engagelake-duckdb-") as spill:
-        config: dict[str, str | bool | int | float | list[str]] = {"temp_directory": spill}
-        if memory_limit:
-            config["memory_limit"] = memory_limit
+        config: dict[str, str | bool | int | float | list[str]] = {
+            "temp_directory": spill, "memory_limit": memory_limit or DEFAULT_MEMORY}
         con = duckdb.connect(config=config)
         try:
             yield con
