@@ -79,16 +79,14 @@ def plan(runs: list[Run], batch_rows: int, *, trigger: int = MERGE_TRIGGER,
 
 
 def merge_sql(columns: list[str], key: tuple[str, ...] | None, order: list[str], files: list[str], *,
-              since: int | None, bottom: bool, batch: str | None) -> str:
-    """DuckDB SQL for the merged run: the rows of `files` from batch `since` on (all rows when
-    None) and the relation `batch`, the newest row per key (tombstones dropped when the merge
-    reaches the bottom run, where nothing older can be shadowed), in `order`."""
+              since: int, bottom: bool, batch: str) -> str:
+    """DuckDB SQL for the merged run: the rows of `files` from batch `since` on and the
+    relation `batch`, the newest row per key (tombstones dropped when the merge reaches the
+    bottom run, where nothing older can be shadowed), in `order`."""
     listed = ", ".join(_text(f) for f in files)
     cols = ", ".join(f'"{c}"' for c in columns)
-    parts = [f"SELECT {cols} FROM read_parquet([{listed}])" + (f" WHERE _batch >= {since}" if since is not None else "")]
-    if batch is not None:
-        parts.append(f"SELECT {cols} FROM {batch}")
-    rows = " UNION ALL ".join(parts)
+    rows = (f"SELECT {cols} FROM read_parquet([{listed}]) WHERE _batch >= {since} "
+            f"UNION ALL SELECT {cols} FROM {batch}")
     by = ", ".join(f'"{c}"' for c in order)
     if key is None:
         return f"SELECT {cols} FROM ({rows}) ORDER BY {by}"
