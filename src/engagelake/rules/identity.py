@@ -333,7 +333,7 @@ def _alias_new(run: Run, items: pl.DataFrame, valid: list[int], out: IdentityOut
         decided, rule=pl.when(pl.col("external_id").is_null()).then(pl.lit("alias_new:create"))
         .otherwise(pl.lit("alias_new:add")), outcome=_outcome(), reason=pl.col("error"),
         source=pl.col("source"), target=pl.col("target"), target_sid=pl.coalesce("owner", "new_sid")))
-    counts = dict(items.group_by("req").len().iter_rows())
+    counts = dict(items.group_by("req").len().iter_rows())  # one row per request: response shaping
     for req in valid:
         out.responses[req] = (200, {"aliases_processed": int(counts.get(req, 0)), "message": "success"})
 
@@ -506,6 +506,6 @@ def _identify(run: Run, items: pl.DataFrame, valid: list[int], out: IdentityOutc
         decided, rule=rule, outcome=pl.when(pl.col("action") != "skip").then(pl.lit("applied"))
         .otherwise(pl.lit("skipped")), reason=pl.col("reason"), source=pl.col("source"), target=pl.col("target"),
         source_sid=pl.col("P"), target_sid=pl.coalesce("U", pl.when(pl.col("action") == "assign").then("P"))))
-    counts = dict(items.group_by("req").len().iter_rows())
+    counts = dict(items.group_by("req").len().iter_rows())  # one row per request: response shaping
     for req in valid:
         out.responses[req] = (200, {"aliases_processed": int(counts.get(req, 0)), "message": "success"})

@@ -51,8 +51,8 @@ def runs_of(actions: pl.DataFrame, root: str) -> list[Run]:
         return []
     files = actions.sort("min._batch", descending=True)
     runs: list[Run] = []
-    for path, rows, first, last in files.select("path", "num_records", "min._batch", "max._batch").iter_rows():
-        # one row per data file, and a table keeps few files: this loop is over runs, not rows
+    columns = files.select("path", "num_records", "min._batch", "max._batch")
+    for path, rows, first, last in columns.iter_rows():  # one row per data file (few), not per row
         uri = f"{root.rstrip('/')}/{path}"
         if runs and last >= runs[-1].first:
             prev = runs[-1]
