@@ -110,7 +110,7 @@ class DeltaStore:
         self.head = self._read_head()
         self._ledger_table: DeltaTable | None = None
         self._ledger_version = -1
-        self._files: dict[tuple[str, int], tuple[list[str], list[merging.Run]]] = {}  # per table version
+        self._files: dict[tuple[str, int], list[str]] = {}  # data files per table version
         self.footers = FooterCache()
         self.column_scans: list[tuple[str, str]] = []  # probes that read a whole column (tests)
         self.merges: list[tuple[str, int, float]] = []  # run merges: (table, runs merged, seconds)
@@ -203,23 +203,23 @@ class DeltaStore:
         self.head = head
         return changed
 
-    def _version_files(self, name: str, version: int) -> tuple[list[str], list[merging.Run]]:
-        """The data files and sorted runs of one table version (cached: a version never changes)."""
+    def files(self, name: str, version: int | None) -> list[str]:
+        """The data files of one table version (cached: a version never changes)."""
+        if version is None:
+            return []
         if (name, version) not in self._files:
             if len(self._files) > 4 * len(STORED):
                 self._files.clear()
-            table = DeltaTable(self._path(name), version=version)
-            actions = pl.DataFrame(pa.table(table.get_add_actions(flatten=True)))
-            self._files[(name, version)] = (table.file_uris(), merging.runs_of(actions, self._path(name)))
+            self._files[(name, version)] = DeltaTable(self._path(name), version=version).file_uris()
         return self._files[(name, version)]
 
-    def files(self, name: str, version: int | None) -> list[str]:
-        """The data files of one table version."""
-        return [] if version is None else self._version_files(name, version)[0]
-
     def runs(self, name: str, version: int | None) -> list[merging.Run]:
-        """The sorted runs of one table version, newest first."""
-        return [] if version is None else self._version_files(name, version)[1]
+        """The sorted runs of one table version, newest first (only a writer needs them: read
+        from the add actions' statistics here, not on every snapshot read)."""
+        if version is None:
+            return []
+        table = DeltaTable(self._path(name), version=version)
+        return merging.runs_of(pl.DataFrame(pa.table(table.get_add_actions(flatten=True))), self._path(name))
 
     def snapshot(self) -> Snapshot:
         """The committed tables at the current head, read on demand (nothing is read here)."""
