@@ -9,7 +9,8 @@ from dataclasses import replace
 from pathlib import Path
 
 import polars as pl
-from deltalake import DeltaTable
+import pytest
+from deltalake import DeltaTable, write_deltalake
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from polars.testing import assert_frame_equal
@@ -18,8 +19,10 @@ from tests.helpers import open_ws, state_snapshot, track_ok
 from tests.test_model_property import population, requests
 
 from engagelake import Workspace
+from engagelake.errors import StaleStoreError
 from engagelake.store.merging import Run, plan, runs_of
 from engagelake.store.runs import SORT_BY, FooterCache
+from engagelake.tables.changes import Changes
 from engagelake.tables.schema import INDEXES
 
 NEVER = 10**9
@@ -105,6 +108,7 @@ def test_merging_down_to_the_bottom_drops_tombstones_and_shadowed_rows(tmp_path:
         track_ok(ws, attributes=[{"external_id": "u1", "score": None}])  # an unset: a tombstone
         ws.call("POST", "/users/delete", {"external_ids": ["u2"]})
         track_ok(ws, attributes=[{"external_id": f"u{n}", "nick": "y"} for n in (0, 1, 3)])
+    merged.store.wait_for_merges()
     assert state_snapshot(merged) == state_snapshot(plain)
     files = DeltaTable(f"{merged.store.uri}/attributes").file_uris()
     stored = pl.read_parquet(files)
@@ -124,7 +128,9 @@ def test_a_merge_streams_within_the_memory_budget(tmp_path: Path) -> None:
             "attributes": [{"external_id": f"u{n:05d}", "n": n} for n in range(first, first + 50)]}}
             for first in range(start, start + 1_000, 50)]
         assert {r.status for r in ws.apply(batch)} == {201}
-    assert len(DeltaTable(f"{ws.store.uri}/attributes").file_uris()) == 1
+    ws.store.wait_for_merges()
+    ws.store.refresh()
+    assert len(ws.store.runs("attributes", ws.store.head.versions["attributes"])) == 1
     assert ws.table("attributes").collect().height == 3_000
     _fenced(ws)
 
@@ -188,7 +194,7 @@ def _without_indexes(root: Path) -> Workspace:
     for index in INDEXES:
         shutil.rmtree(root / "store" / index)
     ws.store._append_ledger(head.batch_no + 1, None, {k: v for k, v in head.versions.items() if k not in INDEXES},
-                            head.next_profile_n, head.next_update_seq, head.seed, [])
+                            head.next_profile_n, head.next_update_seq, head.seed, [], kind="compaction")
     return open_ws(root)
 
 
@@ -219,3 +225,61 @@ def test_an_index_a_dead_compaction_was_building_stays_unpublished(tmp_path: Pat
     ws.compact()
     assert set(INDEXES) <= set(ws.store.head.versions)
     assert export_one_by(ws, email_address="b@x.com") == ["b"]
+
+
+# --- merging after the commit ------------------------------------------------------------------
+def _runs(ws: Workspace, name: str) -> int:
+    ws.store.refresh()
+    return len(ws.store.runs(name, ws.store.head.versions[name]))
+
+
+def test_runs_merge_after_the_commit_in_a_ledger_row_of_their_own(tmp_path: Path) -> None:
+    """A batch appends its run and commits; the merge pass that follows publishes the merged
+    runs in a ledger row of kind "merge", which changes no content."""
+    ws = open_ws(tmp_path)
+    ws.store.merge_trigger = 1
+    for n in range(3):
+        track_ok(ws, attributes=[{"external_id": f"u{n}", "n": n}])
+    ws.store.wait_for_merges()
+    assert _runs(ws, "attributes") == 1  # 3 runs > trigger + 1, and equal runs merge all the way
+    kinds = pl.from_arrow(DeltaTable(f"{ws.store.uri}/_ledger").to_pyarrow_table(columns=["batch_no", "kind"]))
+    assert isinstance(kinds, pl.DataFrame)
+    assert kinds.sort("batch_no")["kind"].to_list() == ["batch", "batch", "batch", "batch", "merge"]
+    assert ws.store.head.content_batch == 3 and ws.store.head.batch_no == 4
+    assert sorted(ws.table("attributes").collect()["value"].to_list()) == ["0", "1", "2"]
+
+
+def test_a_merge_since_a_batch_read_the_store_does_not_make_it_stale(tmp_path: Path) -> None:
+    """A batch commits over merges and compactions that landed since it read the store (they
+    moved rows, not content), but not over another batch."""
+    ws = open_ws(tmp_path)
+    for n in range(3):
+        track_ok(ws, attributes=[{"external_id": f"u{n}", "n": n}])
+    other = open_ws(tmp_path)
+    other.store.merge_trigger = 0
+    assert other.store.merge_runs()  # another writer's merge pass, after `ws` read the head
+    base = ws.store.head
+    ws.store.commit(Changes(), key=None, responses=[], next_profile_n=base.next_profile_n,
+                    next_update_seq=base.next_update_seq)
+    track_ok(other, attributes=[{"external_id": "u9"}])  # a batch: content changed
+    ws.store.head = base
+    with pytest.raises(StaleStoreError):
+        ws.store.commit(Changes(), key=None, responses=[], next_profile_n=base.next_profile_n,
+                        next_update_seq=base.next_update_seq)
+
+
+def test_a_ledger_older_than_its_kind_column_gains_it(tmp_path: Path) -> None:
+    """Stores written before ledger rows had a kind read every row as a batch."""
+    ws = open_ws(tmp_path)
+    track_ok(ws, attributes=[{"external_id": "a"}])
+    ledger = f"{ws.store.uri}/_ledger"
+    old = DeltaTable(ledger).to_pyarrow_table().drop_columns(["kind"])
+    write_deltalake(ledger, old, mode="overwrite", schema_mode="overwrite")
+    ws = open_ws(tmp_path)
+    assert ws.store.head.content_batch == ws.store.head.batch_no == 1
+    ws.store.merge_trigger = 0
+    track_ok(ws, attributes=[{"external_id": "b"}])
+    ws.store.wait_for_merges()
+    kinds = DeltaTable(ledger).to_pyarrow_table(columns=["batch_no", "kind"]).sort_by("batch_no")
+    assert kinds.column("kind").to_pylist() == [None, None, "batch", "merge"]
+    assert sorted(ws.table("external_ids").collect()["external_id"].to_list()) == ["a", "b"]

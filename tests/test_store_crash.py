@@ -96,16 +96,31 @@ def test_crash_then_rerun_equals_uninterrupted_run(
     crash_then_rerun(tmp_path, ref, point)
 
 
-@pytest.mark.parametrize("point", ["after_table:profiles", "after_table:events", "before_ledger", "after_ledger"])
-def test_crash_while_merging_runs_then_rerun_equals_uninterrupted_run(
+@pytest.mark.parametrize("point", ["merge:profiles", "merge:events", "before_merge_ledger"])
+def test_crash_while_merging_runs_loses_nothing(
     tmp_path: Path, ref: SimpleNamespace, point: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The same, with BATCH_2 merging every table's run with BATCH_1's: a merged run replaces
-    the older one in the table's single commit, and the rollback brings the older one back."""
+    """BATCH_2 commits, then the merge pass that follows it (every table merges its two runs)
+    dies: the store reads as after BATCH_2, the next writer rolls the torn merge back, and its
+    own merge pass merges the runs."""
     monkeypatch.setenv(MERGE_ENV, "0")
-    store = crash_then_rerun(tmp_path, ref, point)
-    for name in ("profiles", "attributes", "events"):  # one run each: BATCH_2 merged them
-        assert len(DeltaTable(f"{store}/{name}").file_uris()) == 1, name
+    store = tmp_path / "store"
+    shutil.copytree(ref.base, store)
+    crash(store, point)
+    assert ledger_batches(store) == 3  # creation, BATCH_1, BATCH_2: committed before its merges
+    assert "profiles" in tables_ahead(store)  # a merged run the ledger does not name
+
+    ws = open_store(store)
+    assert snapshot(ws) == ref.full_snap
+    assert ws.apply(BATCH_2, idempotency_key=KEY_2) == ref.responses  # a replay: nothing runs again
+    assert "profiles" in ws.store.merge_runs()  # rolls the torn merge back first
+    assert tables_ahead(store) == set()
+    merged = snapshot(open_store(store))
+    assert merged["head"][1:] == ref.full_snap["head"][1:]  # one more ledger row, of kind "merge"
+    assert (merged["export"], merged["tables"]) == (ref.full_snap["export"], ref.full_snap["tables"])
+    ws.store.refresh()
+    for name in ("profiles", "attributes", "events"):  # one run each
+        assert len(ws.store.runs(name, ws.store.head.versions[name])) == 1, name
 
 
 def crash_then_rerun(tmp_path: Path, ref: SimpleNamespace, point: str) -> Path:

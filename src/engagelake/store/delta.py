@@ -18,6 +18,7 @@ from __future__ import annotations
 import fcntl
 import os
 import signal
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -66,7 +67,11 @@ LEDGER_SCHEMA = {
     "next_update_seq": pl.Int64(),
     "seed": pl.String(),
     "responses": pl.String(),  # JSON [[status, body], ...]
+    "kind": pl.String(),  # "batch" (null in stores older than the column), "merge" or "compaction"
 }
+# ledger rows that move rows between files and change no content: a batch that read the store
+# before one of them still holds (it is not stale)
+LAYOUT_KINDS = ("merge", "compaction")
 CRASH_ENV = "ENGAGELAKE_CRASH_AT"
 # without `compression`, WriterProperties writes uncompressed Parquet
 WRITER = WriterProperties(max_row_group_size=ROW_GROUP_ROWS, compression="SNAPPY")
@@ -93,6 +98,7 @@ class Head:
     next_profile_n: int
     next_update_seq: int
     seed: str
+    content_batch: int = 0  # the last batch that changed content (not a merge or compaction)
 
 
 class DeltaStore:
@@ -114,13 +120,18 @@ class DeltaStore:
         self.footers = FooterCache()
         self.column_scans: list[tuple[str, str]] = []  # probes that read a whole column (tests)
         self.merges: list[tuple[str, int, float]] = []  # run merges: (table, runs merged, seconds)
+        # merge runs after each commit in a thread of their own (off the batch's latency); False
+        # merges before `commit` returns (deterministic layouts for tests and scripts)
+        self.background_merges = True
+        self._merger: threading.Thread | None = None
+        self.merge_errors: list[BaseException] = []  # a failed merge pass loses nothing (see merge_runs)
 
     def _path(self, name: str) -> str:
         return f"{self.uri.rstrip('/')}/{name}"
 
     def _create(self, seed: str) -> None:
         versions = {name: self._create_table(name) for name in STORED}
-        self._append_ledger(0, None, versions, 0, 0, seed, [])
+        self._append_ledger(0, None, versions, 0, 0, seed, [], kind="batch")
 
     def _create_table(self, name: str) -> int:
         """An empty table at its first version (also for tables added after the store was made)."""
@@ -128,36 +139,42 @@ class DeltaStore:
         return DeltaTable(self._path(name)).version()
 
     def _append_ledger(self, batch_no: int, key: str | None, versions: dict[str, int], next_n: int,
-                       next_seq: int, seed: str, responses: list[Any]) -> None:
+                       next_seq: int, seed: str, responses: list[Any], *, kind: str) -> None:
         row = pl.DataFrame(
             {
                 "batch_no": [batch_no], "batch_key": [key], "committed_at": [datetime.now(UTC)],
                 "versions": [orjson.dumps(versions).decode()], "next_profile_n": [next_n],
                 "next_update_seq": [next_seq], "seed": [seed],
-                "responses": [orjson.dumps(responses).decode()],
+                "responses": [orjson.dumps(responses).decode()], "kind": [kind],
             },
             schema=LEDGER_SCHEMA,
         )
-        write_deltalake(self._path(LEDGER), row.to_arrow(), mode="append")
+        # a ledger written before the `kind` column gains it here (its older rows read as null)
+        write_deltalake(self._path(LEDGER), row.to_arrow(), mode="append", schema_mode="merge")
 
     def _ledger(self, columns: list[str]) -> pl.DataFrame:
-        table = DeltaTable(self._path(LEDGER)).to_pyarrow_table(columns=columns)
-        frame = pl.from_arrow(table)
+        table = DeltaTable(self._path(LEDGER))
+        present = {field.name for field in table.schema().fields}
+        frame = pl.from_arrow(table.to_pyarrow_table(columns=[c for c in columns if c in present]))
         assert isinstance(frame, pl.DataFrame)
-        return frame
+        return frame.with_columns(pl.lit(None, LEDGER_SCHEMA[c]).alias(c) for c in columns if c not in present)
 
     def _read_head(self) -> Head:
-        row = self._ledger(["batch_no", "versions", "next_profile_n", "next_update_seq", "seed"]).sort(
-            "batch_no").tail(1)
-        if row.height == 0:
+        rows = self._ledger(["batch_no", "versions", "next_profile_n", "next_update_seq", "seed", "kind"]).sort(
+            "batch_no")
+        if rows.height == 0:
             raise StoreError(f"store at {self.uri} has an empty ledger; it was not created by engagelake")
-        r = row.row(0, named=True)
-        return Head(r["batch_no"], orjson.loads(r["versions"]), r["next_profile_n"], r["next_update_seq"], r["seed"])
+        r = rows.row(-1, named=True)
+        content = rows.filter(~pl.col("kind").is_in(LAYOUT_KINDS).fill_null(False))["batch_no"]
+        return Head(r["batch_no"], orjson.loads(r["versions"]), r["next_profile_n"], r["next_update_seq"], r["seed"],
+                    content_batch=content.max() if content.len() else 0)  # type: ignore[arg-type]
 
-    def _recover(self) -> None:
-        """Roll back tables that hold writes of a batch that never reached the ledger (a dead
-        writer's); only called under the writer lock, so no live writer is mid-commit. A dead
-        compaction is rolled forward instead (it changed no content; its old files are gone)."""
+    def _recover(self, head: Head | None = None) -> None:
+        """Roll back tables that hold writes of a batch (or a merge) that never reached the
+        ledger (a dead writer's); only called under the writer lock, so no live writer is
+        mid-commit. A dead compaction is rolled forward instead (it changed no content; its old
+        files are gone)."""
+        head = head or self.head
         if self._compacting():
             # an index the head does not name yet may be half built: it stays unpublished (and
             # probes scan its column) until the next compaction builds it whole
@@ -170,7 +187,7 @@ class DeltaStore:
                 continue
             table = DeltaTable(self._path(name))
             # a table the ledger does not name yet was created (and maybe written) by a dead writer
-            version = self.head.versions.get(name, 0)
+            version = head.versions.get(name, 0)
             if table.version() > version:
                 table.restore(version)
 
@@ -207,11 +224,12 @@ class DeltaStore:
         """The data files of one table version (cached: a version never changes)."""
         if version is None:
             return []
-        if (name, version) not in self._files:
+        files = self._files.get((name, version))
+        if files is None:
             if len(self._files) > 4 * len(STORED):
                 self._files.clear()
-            self._files[(name, version)] = DeltaTable(self._path(name), version=version).file_uris()
-        return self._files[(name, version)]
+            files = self._files[(name, version)] = DeltaTable(self._path(name), version=version).file_uris()
+        return files
 
     def runs(self, name: str, version: int | None) -> list[merging.Run]:
         """The sorted runs of one table version, newest first (only a writer needs them: read
@@ -235,15 +253,66 @@ class DeltaStore:
     def commit(self, changes: Changes, *, key: str | None, responses: list[Any], next_profile_n: int,
                next_update_seq: int) -> None:
         """Write one batch: every table's rows, then the ledger row that makes them visible.
-        Raises StaleStoreError when another writer committed since this batch read the store."""
-        base = self.head.batch_no
+        Raises StaleStoreError when another writer committed a batch since this one read the
+        store (merges and compactions since then change no content: the batch still holds).
+        Tables that now hold too many runs are merged afterwards (`merge_runs`)."""
+        self.wait_for_merges()
+        base = self.head.content_batch
         with self._writer_lock():
             self.head = self._read_head()
-            if self.head.batch_no != base:
+            if self.head.content_batch != base:
                 raise StaleStoreError(f"the store at {self.uri} changed since this batch read it")
             self._recover()
             self._write_batch(changes, key=key, responses=responses, next_profile_n=next_profile_n,
                               next_update_seq=next_update_seq)
+        self._start_merges()
+
+    # --- run merges, after the commit ------------------------------------------------------------
+    def _start_merges(self) -> None:
+        if not self.background_merges:
+            self.merge_runs()
+            return
+        self._merger = threading.Thread(target=self._merge_in_background, name="engagelake-merge-runs")
+        self._merger.start()  # not a daemon: a process that exits waits for its merge to finish
+
+    def _merge_in_background(self) -> None:
+        try:
+            self.merge_runs()
+        except Exception as error:  # noqa: BLE001 - the store is intact; the next writer rolls it back
+            self.merge_errors.append(error)
+
+    def wait_for_merges(self) -> None:
+        """Wait for this store's merge pass, if one is running (the next commit, compaction and
+        `Workspace.close` do)."""
+        merger, self._merger = self._merger, None
+        if merger is not None:
+            merger.join()
+
+    def merge_runs(self) -> list[str]:
+        """One merge pass under the writer lock: each sorted table holding more runs than the
+        trigger merges its newest runs (`merging.plan`), each in one Delta commit, and one
+        ledger row of kind "merge" publishes them all. Returns the tables merged.
+
+        A merge changes no content, so a crash midway loses nothing: the tables are ahead of
+        the ledger, and the next writer rolls them back to the versions it names."""
+        with self._writer_lock():
+            head = self._read_head()
+            self._recover(head)
+            versions = dict(head.versions)
+            merged = []
+            for name in SORT_BY:
+                runs = self.runs(name, versions.get(name))
+                older = merging.plan(runs[1:], runs[0].rows, trigger=self.merge_trigger) if runs else []
+                if older:
+                    self._merge(name, runs[: 1 + len(older)], bottom=len(older) + 1 == len(runs))
+                    versions[name] = DeltaTable(self._path(name)).version()
+                    merged.append(name)
+                    _failpoint(f"merge:{name}")
+            if merged:
+                _failpoint("before_merge_ledger")
+                self._append_ledger(head.batch_no + 1, None, versions, head.next_profile_n, head.next_update_seq,
+                                    head.seed, [], kind="merge")
+        return merged
 
     def _write_batch(self, changes: Changes, *, key: str | None, responses: list[Any], next_profile_n: int,
                      next_update_seq: int) -> None:
@@ -273,39 +342,32 @@ class DeltaStore:
                 if entries.height:
                     self._write_rows(index, entries, versions)
         _failpoint("before_ledger")
-        self._append_ledger(batch_no, key, versions, next_profile_n, next_update_seq, self.head.seed, responses)
+        self._append_ledger(batch_no, key, versions, next_profile_n, next_update_seq, self.head.seed, responses,
+                            kind="batch")
         _failpoint("after_ledger")
-        self.head = Head(batch_no, versions, next_profile_n, next_update_seq, self.head.seed)
+        self.head = Head(batch_no, versions, next_profile_n, next_update_seq, self.head.seed, content_batch=batch_no)
 
     def _write_rows(self, name: str, rows: pl.DataFrame, versions: dict[str, int]) -> None:
-        """Append a batch's rows of one table as a sorted run, merged with the newest runs when
-        the table holds too many (`store/merging.py`); note the table's new version."""
+        """Append a batch's rows of one table as a sorted run; note the table's new version."""
         if name not in versions and not DeltaTable.is_deltatable(self._path(name)):
             self._create_table(name)
         rows = sort_for_write(name, rows, KEYS[name])
-        runs = self.runs(name, versions.get(name)) if name in SORT_BY else []
-        merged = merging.plan(runs, rows.height, trigger=self.merge_trigger)
-        if merged:
-            self._merge(name, rows, merged, bottom=len(merged) == len(runs))
-        else:
-            write_deltalake(self._path(name), rows.to_arrow(), mode="append", writer_properties=WRITER)
+        write_deltalake(self._path(name), rows.to_arrow(), mode="append", writer_properties=WRITER)
         versions[name] = DeltaTable(self._path(name)).version()
         _failpoint(f"after_table:{name}")
 
-    def _merge(self, name: str, rows: pl.DataFrame, runs: list[merging.Run], *, bottom: bool) -> None:
-        """Write a batch's rows of `name` merged with its newest `runs` into one run that
-        replaces them in a single Delta commit (see `store/merging.py`)."""
+    def _merge(self, name: str, runs: list[merging.Run], *, bottom: bool) -> None:
+        """Write the newest `runs` of `name` as one run that replaces them in a single Delta
+        commit (see `store/merging.py`)."""
         started = time.perf_counter()
         since = runs[-1].first
         files = [f for run in runs for f in run.files]
-        batch = rows.to_arrow()
         order = sort_order(name, KEYS[name])
         assert order is not None
+        schema = pl.DataFrame(schema=_stored_schema(name)).to_arrow().schema
         with merging.connection(self.memory_limit) as con:
-            con.register("batch_rows", batch)
-            sql = merging.merge_sql(list(_stored_schema(name)), KEYS[name], order, files, since=since,
-                                    bottom=bottom, batch="batch_rows")
-            write_deltalake(self._path(name), merging.stream(con, sql, batch.schema), mode="overwrite",
+            sql = merging.merge_sql(list(_stored_schema(name)), KEYS[name], order, files, since=since, bottom=bottom)
+            write_deltalake(self._path(name), merging.stream(con, sql, schema), mode="overwrite",
                             predicate=f"_batch >= {since}", writer_properties=WRITER)
         self.merges.append((name, len(runs), time.perf_counter() - started))
 
@@ -321,6 +383,7 @@ class DeltaStore:
         tells the next writer to publish the tables' current versions instead of restoring."""
         if not self.local:
             raise StoreError(f"compaction needs a local store; {self.uri} is not one")
+        self.wait_for_merges()
         with self._writer_lock():
             self.head = self._read_head()
             self._recover()
@@ -401,8 +464,9 @@ class DeltaStore:
         """A ledger row naming the current version of `tables` (the end of a compaction)."""
         versions = {name: DeltaTable(self._path(name)).version() for name in tables}
         self._append_ledger(batch_no, None, versions, self.head.next_profile_n, self.head.next_update_seq,
-                            self.head.seed, [])
-        self.head = Head(batch_no, versions, self.head.next_profile_n, self.head.next_update_seq, self.head.seed)
+                            self.head.seed, [], kind="compaction")
+        self.head = Head(batch_no, versions, self.head.next_profile_n, self.head.next_update_seq, self.head.seed,
+                         content_batch=self.head.content_batch)
 
 
 class Snapshot:

@@ -2,18 +2,18 @@
 
 Every batch adds a run (a sorted file) to each table it changes. A probe pays per run, so runs
 are merged as they accumulate, the way Apache Paimon's universal compaction and RocksDB's
-size-tiered compaction do: once a table holds more than `MERGE_TRIGGER` runs, the batch's rows
-are merged with the newest runs, taking each next older run while it holds at most
+size-tiered compaction do: once a table holds more than `MERGE_TRIGGER` runs besides its newest,
+the newest run is merged with the next ones, taking each next older run while it holds at most
 `SIZE_RATIO` times the rows gathered so far. Runs then grow geometrically: a table of N rows
 written in batches of B rows keeps about log2(N/B) runs beyond the trigger, and each row is
 rewritten about that many times. A small batch into a big store merges only with other small
 runs; the big run at the bottom is rewritten only when as many rows have piled up above it.
 
-Merging is part of the batch's own commit: the merged run replaces, in one Delta commit per
-table, exactly the rows whose `_batch` is at or after the first merged batch (a predicate
-overwrite), so the commit protocol and its crash recovery are unchanged. The merge streams
-through DuckDB within the store's memory budget: a merge into the bottom run is as big as the
-table, and it must not hold the table in memory.
+Merging follows the batch's commit, off its latency (in a thread, as Paimon compacts
+asynchronously): the merged run replaces, in one Delta commit per table, exactly the rows whose
+`_batch` is at or after the first merged batch (a predicate overwrite), and a ledger row of kind
+"merge" publishes them. The merge streams through DuckDB within the store's memory budget: a
+merge into the bottom run is as big as the table, and it must not hold the table in memory.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import duckdb
 import polars as pl
 import pyarrow as pa
 
-MERGE_TRIGGER = 4  # runs a table may hold (besides the batch's own) before the batch merges
+MERGE_TRIGGER = 4  # runs a table may hold besides its newest before a merge
 SIZE_RATIO = 2  # a merge takes the next older run while it holds <= this times the rows so far
 STREAM_ROWS = 65_536  # rows per Arrow batch between DuckDB and the Delta writer
 DEFAULT_MEMORY = "1GB"  # DuckDB's budget for a merge or compaction when the store sets none
@@ -64,9 +64,9 @@ def runs_of(actions: pl.DataFrame, root: str) -> list[Run]:
 
 def plan(runs: list[Run], batch_rows: int, *, trigger: int = MERGE_TRIGGER,
          ratio: float = SIZE_RATIO) -> list[Run]:
-    """The runs (newest first) a batch of `batch_rows` rows merges with: none while the table
-    holds at most `trigger` runs; else each next older run while it is at most `ratio` times
-    the rows gathered so far."""
+    """The runs (newest first) a run of `batch_rows` rows merges with: none while `runs` are at
+    most `trigger`; else each next older run while it is at most `ratio` times the rows
+    gathered so far."""
     if len(runs) <= trigger:
         return []
     gathered, taken = batch_rows, 0
@@ -79,14 +79,13 @@ def plan(runs: list[Run], batch_rows: int, *, trigger: int = MERGE_TRIGGER,
 
 
 def merge_sql(columns: list[str], key: tuple[str, ...] | None, order: list[str], files: list[str], *,
-              since: int, bottom: bool, batch: str) -> str:
-    """DuckDB SQL for the merged run: the rows of `files` from batch `since` on and the
-    relation `batch`, the newest row per key (tombstones dropped when the merge reaches the
-    bottom run, where nothing older can be shadowed), in `order`."""
+              since: int, bottom: bool) -> str:
+    """DuckDB SQL for the merged run: the rows of `files` from batch `since` on, the newest row
+    per key (tombstones dropped when the merge reaches the bottom run, where nothing older can
+    be shadowed), in `order`."""
     listed = ", ".join(_text(f) for f in files)
     cols = ", ".join(f'"{c}"' for c in columns)
-    rows = (f"SELECT {cols} FROM read_parquet([{listed}]) WHERE _batch >= {since} "
-            f"UNION ALL SELECT {cols} FROM {batch}")
+    rows = f"SELECT {cols} FROM read_parquet([{listed}]) WHERE _batch >= {since}"
     by = ", ".join(f'"{c}"' for c in order)
     if key is None:
         return f"SELECT {cols} FROM ({rows}) ORDER BY {by}"
