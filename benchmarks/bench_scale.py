@@ -100,6 +100,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for run in range(3):
             requests = mixed_requests(10_000, ids, rng)
+            ws.store.wait_for_merges()  # each run starts from a settled store
             t = time.perf_counter()
             bad = errors_in(ws.apply(requests))
             big.append(time.perf_counter() - t)

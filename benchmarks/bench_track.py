@@ -153,7 +153,8 @@ def rows_written(ws: Workspace, before: dict[str, int]) -> dict[str, int]:
         if version <= before[name]:
             out[name] = 0
             continue
-        history = DeltaTable(ws.store._path(name)).history(version - before[name])
+        table = DeltaTable(ws.store._path(name))  # merges after `version` may be newer
+        history = table.history(table.version() - before[name])
         out[name] = sum(
             int(h.get("operationMetrics", {}).get("num_added_rows", 0))
             for h in history
