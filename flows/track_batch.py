@@ -84,7 +84,18 @@ def apply_request_files(
         applied.append(result)
         if on_file_applied is not None:
             on_file_applied(result)
+    settle_runs(workspace)
     return applied
+
+
+def settle_runs(workspace: Workspace) -> None:
+    """Wait for the run merges that follow the last commit, inside the flow run; a failed
+    merge loses nothing (the next batch merges again), so it is a warning."""
+    workspace.store.wait_for_merges()
+    for error in workspace.store.merge_errors:
+        get_run_logger().warning("merging sorted runs failed (nothing is lost; the next batch merges again): %s",
+                                 error)
+    workspace.store.merge_errors.clear()
 
 
 def check_paths(batch: RequestFile, only: tuple[str, ...]) -> None:

@@ -6,6 +6,9 @@ with column "*" for a whole table. These tests count those rows on a store of ma
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import polars as pl
@@ -153,3 +156,20 @@ def test_the_memory_limit_bounds_duckdb(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("ENGAGELAKE_MEMORY_LIMIT", "200MB")
     limit = Workspace.open(tmp_path / "s").duckdb().execute("select current_setting('memory_limit')").fetchall()[0][0]
     assert limit in ("190.7 MiB", "200.0 MB")
+
+
+def test_a_process_that_only_reads_never_loads_duckdb(tmp_path: Path) -> None:
+    """Cold start: opening a store and exporting users imports neither DuckDB (it serves
+    writes, merges, compaction and SQL) nor the resource handlers' page renderer."""
+    store = _build(tmp_path)
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    script = (
+        "import sys; from engagelake import Workspace\n"
+        f"r = Workspace.open({str(store)!r}).call('POST', {EXPORT!r}, "
+        "{'external_ids': ['u1', 'u7'], 'fields_to_export': ['external_id', 'email']})\n"
+        "assert r.status == 200 and len(r.body['users']) == 2, r\n"
+        "print(sorted(m for m in ('duckdb', 'liquid') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": src})
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr

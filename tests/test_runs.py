@@ -10,8 +10,9 @@ import polars as pl
 import pyarrow.parquet as pq
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tests.helpers import export_users, open_ws, track_ok
 
-from engagelake.store.runs import FooterCache, matching_groups, read_where
+from engagelake.store.runs import FooterCache, files_holding, matching_groups, read_where
 
 SCHEMA = {"k": pl.String(), "v": pl.Int64()}
 
@@ -138,3 +139,38 @@ def test_values_outside_a_file_read_nothing_of_it(tmp_path: Path) -> None:
     ends = np.array(["d", "h"], dtype=str)
     assert matching_groups(starts, np.array(["a", "e", "z"], dtype=str), ends) == []
     assert matching_groups(starts, np.array(["d", "f"], dtype=str), ends) == [0, 1]
+
+
+# --- files by the Delta log's statistics ---------------------------------------------------------
+def test_files_whose_ranges_exclude_every_value_are_dropped() -> None:
+    ranges = {"a": ("b", "d"), "b": ("e", "g"), "c": (None, None), "d": ("x" * 64, "y" * 64)}
+    paths = ["a", "b", "c", "d", "e"]  # "c" has no statistics, "d" truncated ones, "e" none at all
+    assert files_holding(paths, ranges, pl.Series(["d"])) == ["a", "c", "d", "e"]
+    assert files_holding(paths, ranges, pl.Series(["a", "h"])) == ["c", "d", "e"]
+    assert files_holding(paths, ranges, pl.Series(["c", "f"])) == paths
+    assert files_holding(paths, ranges, pl.Series(["b\x00"])) == ["a", "c", "d", "e"]  # exact, NULs and all
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.tuples(st.text(max_size=3), st.text(max_size=3)), max_size=6),
+       st.lists(st.text(max_size=3), min_size=1, max_size=5))
+def test_a_dropped_file_holds_none_of_the_values(bounds: list[tuple[str, str]], values: list[str]) -> None:
+    ranges = {str(n): (min(pair), max(pair)) for n, pair in enumerate(bounds)}
+    kept = files_holding(list(ranges), ranges, pl.Series(values, dtype=pl.String))
+    for path, (low, high) in ranges.items():
+        assert (path in kept) == any(low <= v <= high for v in values)
+
+
+def test_a_point_probe_opens_only_the_files_that_can_hold_its_key(tmp_path: Path) -> None:
+    """With a run per batch, exporting one user reads the footer of one external-ID file, not
+    of every run's."""
+    ws = open_ws(tmp_path)
+    ws.store.merge_trigger = 10**9
+    for batch in range(4):
+        track_ok(ws, attributes=[{"external_id": f"b{batch}-u{n}"} for n in range(3)])
+    ws = open_ws(tmp_path)  # a fresh process: no footer cached
+    files = ws.store.files("external_ids", ws.store.head.versions["external_ids"])
+    assert len(files) == 4
+    assert [u["external_id"] for u in export_users(ws, ["external_id"], external_ids=["b2-u1"])] == ["b2-u1"]
+    read = [path for (path, column) in ws.store.footers._fences if column == "external_id"]
+    assert len(read) == 1 and "b2-u1" in pl.read_parquet(read[0])["external_id"].to_list()

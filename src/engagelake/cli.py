@@ -133,6 +133,8 @@ def apply_files(
             responses = workspace.apply(batch.requests, idempotency_key=batch.idempotency_key)
             applied = write_responses_file(batch, responses, seconds=time.perf_counter() - started)
             table.add_row(*_applied_row(applied))
+        with _console().status("Merging sorted runs"):  # they follow each commit, in a thread
+            workspace.store.wait_for_merges()
     _console().print(table)
     _console().print("Responses are beside each file as <stem>.responses.ndjson.")
 

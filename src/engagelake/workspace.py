@@ -13,9 +13,8 @@ import uuid
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import duckdb
 import orjson
 import polars as pl
 import polars.selectors as cs
@@ -38,6 +37,9 @@ from engagelake.rules.track import apply_track
 from engagelake.rules.validate import validate_track
 from engagelake.store.delta import DeltaStore
 from engagelake.tables.schema import TABLES
+
+if TYPE_CHECKING:
+    import duckdb  # imported where used: a process that only reads never loads it
 
 Clock = Callable[[], datetime]
 MEMORY_ENV = "ENGAGELAKE_MEMORY_LIMIT"
@@ -298,6 +300,7 @@ class Workspace:
         (default: the workspace's)."""
         self.store.refresh()
         limit = memory_limit or self.memory_limit
+        import duckdb
         con = duckdb.connect(config={"memory_limit": limit} if limit else {})
         return self.store.snapshot().duckdb(con)
 

@@ -7,12 +7,16 @@ An operation row: `service_id, name, seq, op, value, vt, inc, add, remove` where
 
 from __future__ import annotations
 
-import duckdb
+from typing import TYPE_CHECKING
+
 import orjson
 import polars as pl
 
 from engagelake.rules import formats as F
 from engagelake.rules import messages as M
+
+if TYPE_CHECKING:
+    import duckdb  # imported where used: a process that only reads never loads it
 
 KEY = ["service_id", "name"]
 BIG = 1 << 40
@@ -176,6 +180,7 @@ def _fold_arrays(keys: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
     """Keys with `base` (JSON array text or null) and their `arr` steps → final array values."""
     if keys.height == 0:
         return pl.DataFrame(schema={"service_id": pl.String, "name": pl.String, "value": pl.String})
+    import duckdb
     con = duckdb.connect()
     try:
         base = keys.select(*KEY, pl.when(pl.col("base").str.starts_with("[")).then(pl.col("base")).alias("base"))

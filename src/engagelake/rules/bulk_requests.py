@@ -9,7 +9,6 @@ are checked per request in `identity_requests` (at most 50 small items, rarely i
 
 from __future__ import annotations
 
-import duckdb
 import polars as pl
 import pyarrow as pa
 
@@ -36,6 +35,7 @@ def _side_sql(s: str) -> str:
 
 
 def _frames(pending: list[tuple[int, str]]) -> tuple[pl.DataFrame, pl.DataFrame]:
+    import duckdb  # on first use: a process that only reads never loads it
     con = duckdb.connect()
     try:
         con.register("bodies", pa.table({"req": [r for r, _ in pending], "body": [t for _, t in pending]}))
@@ -165,6 +165,7 @@ def _identify_frames(pending: list[tuple[int, str]]) -> tuple[pl.DataFrame, pl.D
         f"unnest(range(json_array_length(j, '$.{f}')::BIGINT)) AS item, unnest(json_extract(j, '$.{f}[*]')) AS v "
         f"FROM b WHERE json_type(j, '$.{f}') = 'ARRAY'"
         for order, (f, k) in enumerate(IDENTIFY_ARRAYS))
+    import duckdb
     con = duckdb.connect()
     try:
         con.register("bodies", pa.table({"req": [r for r, _ in pending], "body": [t for _, t in pending]}))

@@ -12,10 +12,13 @@ Input: one row per request (`req`, `body` as JSON text). Output frames, one row 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import duckdb
 import polars as pl
 import pyarrow as pa
+
+if TYPE_CHECKING:
+    import duckdb  # imported where used: a process that only reads never loads it
 
 ARRAYS = ("attributes", "events", "purchases")
 
@@ -104,6 +107,7 @@ _OBJECT_COLUMNS = ",\n  ".join(
 
 def parse_track(bodies: pa.Table) -> ParsedTrack:
     """Flatten track request bodies (`req` int64, `body` JSON text) into operation tables."""
+    import duckdb
     con = duckdb.connect()
     try:
         con.register("bodies", bodies)

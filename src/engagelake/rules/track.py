@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-import duckdb
 import polars as pl
 
 from engagelake.requests.models import TrackFatalResponse, TrackResponse, dump
@@ -48,6 +47,7 @@ def service_ids(seed: str, ordinals: pl.Series) -> pl.Series:
     """`sha256(f"{seed}:{n}")[:24]` for each ordinal, computed in DuckDB."""
     if ordinals.len() == 0:
         return pl.Series([], dtype=pl.String)
+    import duckdb  # on first use: a process that only reads never loads it
     con = duckdb.connect()
     try:
         con.register("ords", pl.DataFrame({"n": ordinals}).to_arrow())

@@ -26,9 +26,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import duckdb
 import orjson
 import polars as pl
 import pyarrow as pa
@@ -37,9 +36,11 @@ from deltalake import DeltaTable, WriterProperties, write_deltalake
 from engagelake.errors import StaleStoreError, StoreError
 from engagelake.store import merging
 from engagelake.store.runs import (
+    FILE_STATS_MAX_VALUES,
     ROW_GROUP_ROWS,
     SORT_BY,
     FooterCache,
+    files_holding,
     read_where,
     sort_for_write,
     sort_order,
@@ -56,6 +57,9 @@ from engagelake.tables.schema import (
     UTC_TS,
     empty,
 )
+
+if TYPE_CHECKING:
+    import duckdb  # imported where used: a process that only reads never loads it
 
 LEDGER = "_ledger"
 LEDGER_SCHEMA = {
@@ -117,6 +121,8 @@ class DeltaStore:
         self._ledger_table: DeltaTable | None = None
         self._ledger_version = -1
         self._files: dict[tuple[str, int], list[str]] = {}  # data files per table version
+        # per table version and column: each data file's (min, max) from the Delta log's statistics
+        self._ranges: dict[tuple[str, int, str], dict[str, tuple[str | None, str | None]]] = {}
         self.footers = FooterCache()
         self.column_scans: list[tuple[str, str]] = []  # probes that read a whole column (tests)
         self.merges: list[tuple[str, int, float]] = []  # run merges: (table, runs merged, seconds)
@@ -231,6 +237,25 @@ class DeltaStore:
             files = self._files[(name, version)] = DeltaTable(self._path(name), version=version).file_uris()
         return files
 
+    def file_ranges(self, name: str, version: int, column: str) -> dict[str, tuple[str | None, str | None]]:
+        """Each data file's minimum and maximum of `column` at one table version, from the
+        statistics of its add action (cached: a version never changes)."""
+        ranges = self._ranges.get((name, version, column))
+        if ranges is None:
+            if len(self._ranges) > 4 * len(STORED):
+                self._ranges.clear()
+            actions = pa.table(DeltaTable(self._path(name), version=version).get_add_actions(flatten=True))
+            low, high = f"min.{column}", f"max.{column}"
+            if low in actions.column_names and high in actions.column_names:
+                root = self._path(name).rstrip("/")
+                ranges = {f"{root}/{path}": (lo, hi) for path, lo, hi in zip(  # one per file
+                    actions.column("path").to_pylist(), actions.column(low).to_pylist(),
+                    actions.column(high).to_pylist(), strict=True)}
+            else:
+                ranges = {}
+            self._ranges[(name, version, column)] = ranges
+        return ranges
+
     def runs(self, name: str, version: int | None) -> list[merging.Run]:
         """The sorted runs of one table version, newest first (only a writer needs them: read
         from the add actions' statistics here, not on every snapshot read)."""
@@ -304,8 +329,7 @@ class DeltaStore:
                 runs = self.runs(name, versions.get(name))
                 older = merging.plan(runs[1:], runs[0].rows, trigger=self.merge_trigger) if runs else []
                 if older:
-                    self._merge(name, runs[: 1 + len(older)], bottom=len(older) + 1 == len(runs))
-                    versions[name] = DeltaTable(self._path(name)).version()
+                    versions[name] = self._merge(name, runs[: 1 + len(older)], bottom=len(older) + 1 == len(runs))
                     merged.append(name)
                     _failpoint(f"merge:{name}")
             if merged:
@@ -352,13 +376,14 @@ class DeltaStore:
         if name not in versions and not DeltaTable.is_deltatable(self._path(name)):
             self._create_table(name)
         rows = sort_for_write(name, rows, KEYS[name])
-        write_deltalake(self._path(name), rows.to_arrow(), mode="append", writer_properties=WRITER)
-        versions[name] = DeltaTable(self._path(name)).version()
+        table = DeltaTable(self._path(name))  # loaded once: the write moves it to its new version
+        write_deltalake(table, rows.to_arrow(), mode="append", writer_properties=WRITER)
+        versions[name] = table.version()
         _failpoint(f"after_table:{name}")
 
-    def _merge(self, name: str, runs: list[merging.Run], *, bottom: bool) -> None:
+    def _merge(self, name: str, runs: list[merging.Run], *, bottom: bool) -> int:
         """Write the newest `runs` of `name` as one run that replaces them in a single Delta
-        commit (see `store/merging.py`)."""
+        commit (see `store/merging.py`); returns the table's new version."""
         started = time.perf_counter()
         since = runs[-1].first
         files = [f for run in runs for f in run.files]
@@ -367,9 +392,11 @@ class DeltaStore:
         schema = pl.DataFrame(schema=_stored_schema(name)).to_arrow().schema
         with merging.connection(self.memory_limit) as con:
             sql = merging.merge_sql(list(_stored_schema(name)), KEYS[name], order, files, since=since, bottom=bottom)
-            write_deltalake(self._path(name), merging.stream(con, sql, schema), mode="overwrite",
+            table = DeltaTable(self._path(name))
+            write_deltalake(table, merging.stream(con, sql, schema), mode="overwrite",
                             predicate=f"_batch >= {since}", writer_properties=WRITER)
         self.merges.append((name, len(runs), time.perf_counter() - started))
+        return table.version()
 
     def compact(self) -> dict[str, int]:
         """Rewrite every table as its current rows (newest row per key, no tombstones, history
@@ -500,7 +527,10 @@ class Snapshot:
         """Stored rows (all versions) of `name` whose `column` is one of `values`: by fence
         pointers on the sort column, else a scan of that column with predicate pushdown."""
         if column == SORT_BY.get(name):
-            return read_where(self.files(name), column, values, self.store.footers, _stored_schema(name))
+            files = self.files(name)
+            if len(files) > 1 and values.len() <= FILE_STATS_MAX_VALUES:
+                files = files_holding(files, self.store.file_ranges(name, self.head.versions[name], column), values)
+            return read_where(files, column, values, self.store.footers, _stored_schema(name))
         self.store.column_scans.append((name, column))
         rows = self._stored(name)
         assert rows is not None

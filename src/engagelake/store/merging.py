@@ -22,10 +22,13 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import duckdb
 import polars as pl
 import pyarrow as pa
+
+if TYPE_CHECKING:
+    import duckdb  # imported where used: a process that only reads never loads it
 
 MERGE_TRIGGER = 4  # runs a table may hold besides its newest before a merge
 SIZE_RATIO = 2  # a merge takes the next older run while it holds <= this times the rows so far
@@ -101,6 +104,7 @@ def connection(memory_limit: str | None) -> Iterator[duckdb.DuckDBPyConnection]:
     with tempfile.TemporaryDirectory(prefix="engagelake-duckdb-") as spill:
         config: dict[str, str | bool | int | float | list[str]] = {
             "temp_directory": spill, "memory_limit": memory_limit or DEFAULT_MEMORY}
+        import duckdb
         con = duckdb.connect(config=config)
         try:
             yield con

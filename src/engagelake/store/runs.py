@@ -14,6 +14,7 @@ Paimon, RocksDB); `store/merging.py` keeps their number small.
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,6 +35,13 @@ WHOLE_FILE_SHARE = 3
 # Row groups whose range overlaps others are tested one by one; beyond this many (or 1% of
 # the file's row groups) the file is read whole.
 MAX_WIDE_GROUPS = 16
+# A probe of at most this many values first drops the files whose Delta statistics (the
+# minimum and maximum of the sort column, kept in the log) exclude every value, so it opens
+# no footer of them; a bigger probe touches most files anyway.
+FILE_STATS_MAX_VALUES = 64
+# delta-rs truncates longer statistics (a prefix for the minimum, a raised prefix for the
+# maximum: still bounds), and may drop them; only shorter ones are used.
+TRUSTED_FILE_STAT_CHARS = 64
 
 # The probe column each table's files are sorted by (then by the rest of the key). Tables not
 # named here are small (resources) or read whole in order (lineage) and are not sorted.
@@ -143,6 +151,23 @@ def matching_groups(starts: np.ndarray, values: np.ndarray, ends: np.ndarray | N
     spans = last - first + 1
     groups = np.repeat(first, spans) + (np.arange(spans.sum()) - np.repeat(np.cumsum(spans) - spans, spans))
     return np.unique(groups).tolist()
+
+
+def files_holding(paths: list[str], ranges: dict[str, tuple[str | None, str | None]],
+                  values: pl.Series) -> list[str]:
+    """The `paths` whose (minimum, maximum) in `ranges` can hold one of `values`; a file with
+    no range, or a truncated one, is kept."""
+    keys = values.unique().sort().to_list()  # code point order: the order of the statistics
+    kept = []
+    for path in paths:  # one step per file (a few per run), not per row
+        low, high = ranges.get(path, (None, None))
+        if low is None or high is None or max(len(low), len(high)) >= TRUSTED_FILE_STAT_CHARS:
+            kept.append(path)
+            continue
+        first = bisect.bisect_left(keys, low)
+        if first < len(keys) and keys[first] <= high:
+            kept.append(path)
+    return kept
 
 
 def read_where(paths: list[str], column: str, values: pl.Series, footers: FooterCache,
