@@ -283,3 +283,21 @@ def test_a_ledger_older_than_its_kind_column_gains_it(tmp_path: Path) -> None:
     kinds = DeltaTable(ledger).to_pyarrow_table(columns=["batch_no", "kind"]).sort_by("batch_no")
     assert kinds.column("kind").to_pylist() == [None, None, "batch", "merge"]
     assert sorted(ws.table("external_ids").collect()["external_id"].to_list()) == ["a", "b"]
+
+
+def test_a_merge_pass_leaves_a_dead_compaction_to_the_next_writer(tmp_path: Path) -> None:
+    """A merge thread that finds another process's dead compaction does not roll it forward
+    (it holds no fresh head to publish with); the next batch does, then merges."""
+    ws = open_ws(tmp_path)
+    ws.store.merge_trigger = 0
+    ws.store.background_merges = False
+    for n in range(2):
+        track_ok(ws, attributes=[{"external_id": f"u{n}"}])
+    ledger_rows = DeltaTable(f"{ws.store.uri}/_ledger").to_pyarrow_table(columns=["batch_no"]).num_rows
+    ws.store._compaction_marker().touch()  # as a compaction killed before its ledger row leaves it
+    assert ws.store.merge_runs() == []
+    assert DeltaTable(f"{ws.store.uri}/_ledger").to_pyarrow_table(columns=["batch_no"]).num_rows == ledger_rows
+    track_ok(ws, attributes=[{"external_id": "u9"}])  # rolls the compaction forward, then merges
+    assert not ws.store._compaction_marker().exists()
+    assert sorted(ws.table("external_ids").collect()["external_id"].to_list()) == ["u0", "u1", "u9"]
+    assert ws.store.merge_errors == []

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import pyarrow.parquet as pq
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tests.helpers import export_users, open_ws, track_ok
@@ -161,14 +162,15 @@ def test_a_dropped_file_holds_none_of_the_values(bounds: list[tuple[str, str]], 
         assert (path in kept) == any(low <= v <= high for v in values)
 
 
-def test_a_point_probe_opens_only_the_files_that_can_hold_its_key(tmp_path: Path) -> None:
+@pytest.mark.parametrize("name", ["store", "a store 100%"])  # file URIs come percent-encoded
+def test_a_point_probe_opens_only_the_files_that_can_hold_its_key(tmp_path: Path, name: str) -> None:
     """With a run per batch, exporting one user reads the footer of one external-ID file, not
     of every run's."""
-    ws = open_ws(tmp_path)
+    ws = open_ws(tmp_path, name)
     ws.store.merge_trigger = 10**9
     for batch in range(4):
         track_ok(ws, attributes=[{"external_id": f"b{batch}-u{n}"} for n in range(3)])
-    ws = open_ws(tmp_path)  # a fresh process: no footer cached
+    ws = open_ws(tmp_path, name)  # a fresh process: no footer cached
     files = ws.store.files("external_ids", ws.store.head.versions["external_ids"])
     assert len(files) == 4
     assert [u["external_id"] for u in export_users(ws, ["external_id"], external_ids=["b2-u1"])] == ["b2-u1"]

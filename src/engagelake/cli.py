@@ -134,8 +134,11 @@ def apply_files(
             applied = write_responses_file(batch, responses, seconds=time.perf_counter() - started)
             table.add_row(*_applied_row(applied))
         with _console().status("Merging sorted runs"):  # they follow each commit, in a thread
-            workspace.store.wait_for_merges()
+            workspace.close()
     _console().print(table)
+    for error in workspace.store.merge_errors:  # the batches are committed: a warning, not a failure
+        _console().print(f"[yellow]warning:[/yellow] merging sorted runs failed ({error}); nothing is lost, "
+                         "the next batch merges again")
     _console().print("Responses are beside each file as <stem>.responses.ndjson.")
 
 

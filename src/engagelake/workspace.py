@@ -182,6 +182,17 @@ class Workspace:
         return cls(DeltaStore(uri, seed=seed), clock or _now, fields_required=fields_required,
                    memory_limit=memory_limit)
 
+    def close(self) -> None:
+        """Wait for the run merges that follow the last commit (a process's exit waits for
+        them too); the workspace stays usable."""
+        self.store.wait_for_merges()
+
+    def __enter__(self) -> Workspace:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     @property
     def state(self) -> State:
         """The committed store as rules see it: nothing is read until a rule asks for rows."""

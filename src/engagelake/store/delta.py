@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote
 
 import orjson
 import polars as pl
@@ -234,25 +235,29 @@ class DeltaStore:
         if files is None:
             if len(self._files) > 4 * len(STORED):
                 self._files.clear()
-            files = self._files[(name, version)] = DeltaTable(self._path(name), version=version).file_uris()
+            files = DeltaTable(self._path(name), version=version).file_uris()
+            if self.local:  # delta-rs gives file URIs percent-encoded; readers want the path
+                files = [unquote(uri) for uri in files]
+            self._files[(name, version)] = files
         return files
 
     def file_ranges(self, name: str, version: int, column: str) -> dict[str, tuple[str | None, str | None]]:
-        """Each data file's minimum and maximum of `column` at one table version, from the
-        statistics of its add action (cached: a version never changes)."""
+        """Each data file's (as `files` names it) minimum and maximum of `column` at one table
+        version, from the statistics of its add action (cached: a version never changes)."""
         ranges = self._ranges.get((name, version, column))
         if ranges is None:
             if len(self._ranges) > 4 * len(STORED):
                 self._ranges.clear()
-            actions = pa.table(DeltaTable(self._path(name), version=version).get_add_actions(flatten=True))
+            table = DeltaTable(self._path(name), version=version)
+            actions = pa.table(table.get_add_actions(flatten=True))
             low, high = f"min.{column}", f"max.{column}"
+            by_name = {}
             if low in actions.column_names and high in actions.column_names:
-                root = self._path(name).rstrip("/")
-                ranges = {f"{root}/{path}": (lo, hi) for path, lo, hi in zip(  # one per file
+                by_name = {_file_name(path): (lo, hi) for path, lo, hi in zip(  # one per file
                     actions.column("path").to_pylist(), actions.column(low).to_pylist(),
                     actions.column(high).to_pylist(), strict=True)}
-            else:
-                ranges = {}
+            # file URIs are absolute and percent-encoded, add-action paths relative: match by name
+            ranges = {uri: by_name.get(_file_name(uri), (None, None)) for uri in self.files(name, version)}
             self._ranges[(name, version, column)] = ranges
         return ranges
 
@@ -295,20 +300,21 @@ class DeltaStore:
     # --- run merges, after the commit ------------------------------------------------------------
     def _start_merges(self) -> None:
         if not self.background_merges:
-            self.merge_runs()
+            self._merge_guarded()
             return
-        self._merger = threading.Thread(target=self._merge_in_background, name="engagelake-merge-runs")
+        self._merger = threading.Thread(target=self._merge_guarded, name="engagelake-merge-runs")
         self._merger.start()  # not a daemon: a process that exits waits for its merge to finish
 
-    def _merge_in_background(self) -> None:
+    def _merge_guarded(self) -> None:
+        """The batch is committed: a failed merge must not look like a failed batch."""
         try:
             self.merge_runs()
         except Exception as error:  # noqa: BLE001 - the store is intact; the next writer rolls it back
             self.merge_errors.append(error)
 
     def wait_for_merges(self) -> None:
-        """Wait for this store's merge pass, if one is running (the next commit, compaction and
-        `Workspace.close` do)."""
+        """Wait for this store's merge pass, if one is running (the next commit, compaction,
+        `Workspace.close` and the process's exit do)."""
         merger, self._merger = self._merger, None
         if merger is not None:
             merger.join()
@@ -321,6 +327,8 @@ class DeltaStore:
         A merge changes no content, so a crash midway loses nothing: the tables are ahead of
         the ledger, and the next writer rolls them back to the versions it names."""
         with self._writer_lock():
+            if self._compacting():  # a dead compaction: the next batch or reader rolls it forward
+                return []
             head = self._read_head()
             self._recover(head)
             versions = dict(head.versions)
@@ -601,6 +609,11 @@ class Snapshot:
                         f'WHERE r.service_id IS NULL OR r."into" IS NOT NULL')
             con.execute(f'CREATE OR REPLACE VIEW "{name}" AS {body}')
         return con
+
+
+def _file_name(path: str) -> str:
+    """A data file's name (unique in its table: delta-rs puts a UUID in it), decoded."""
+    return unquote(path.rsplit("/", 1)[-1])
 
 
 def _sql_text(value: str) -> str:

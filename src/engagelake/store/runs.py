@@ -39,9 +39,9 @@ MAX_WIDE_GROUPS = 16
 # minimum and maximum of the sort column, kept in the log) exclude every value, so it opens
 # no footer of them; a bigger probe touches most files anyway.
 FILE_STATS_MAX_VALUES = 64
-# delta-rs truncates longer statistics (a prefix for the minimum, a raised prefix for the
+# delta-rs truncates statistics at 64 bytes (a prefix for the minimum, a raised prefix for the
 # maximum: still bounds), and may drop them; only shorter ones are used.
-TRUSTED_FILE_STAT_CHARS = 64
+TRUSTED_FILE_STAT_BYTES = 64
 
 # The probe column each table's files are sorted by (then by the rest of the key). Tables not
 # named here are small (resources) or read whole in order (lineage) and are not sorted.
@@ -161,7 +161,7 @@ def files_holding(paths: list[str], ranges: dict[str, tuple[str | None, str | No
     kept = []
     for path in paths:  # one step per file (a few per run), not per row
         low, high = ranges.get(path, (None, None))
-        if low is None or high is None or max(len(low), len(high)) >= TRUSTED_FILE_STAT_CHARS:
+        if low is None or high is None or max(len(low.encode()), len(high.encode())) >= TRUSTED_FILE_STAT_BYTES:
             kept.append(path)
             continue
         first = bisect.bisect_left(keys, low)
