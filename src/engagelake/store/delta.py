@@ -122,6 +122,7 @@ class DeltaStore:
         self._ledger_table: DeltaTable | None = None
         self._ledger_version = -1
         self._files: dict[tuple[str, int], list[str]] = {}  # data files per table version
+        self._tables: dict[tuple[str, int], DeltaTable] = {}  # their loaded logs, for file statistics
         # per table version and column: each data file's (min, max) from the Delta log's statistics
         self._ranges: dict[tuple[str, int, str], dict[str, tuple[str | None, str | None]]] = {}
         self.footers = FooterCache()
@@ -131,6 +132,7 @@ class DeltaStore:
         # merges before `commit` returns (deterministic layouts for tests and scripts)
         self.background_merges = True
         self._merger: threading.Thread | None = None
+        self._merge_due: set[str] = set()  # tables the last commit left with runs to merge
         self.merge_errors: list[BaseException] = []  # a failed merge pass loses nothing (see merge_runs)
 
     def _path(self, name: str) -> str:
@@ -176,11 +178,11 @@ class DeltaStore:
         return Head(r["batch_no"], orjson.loads(r["versions"]), r["next_profile_n"], r["next_update_seq"], r["seed"],
                     content_batch=content.max() if content.len() else 0)  # type: ignore[arg-type]
 
-    def _recover(self, head: Head | None = None) -> None:
-        """Roll back tables that hold writes of a batch (or a merge) that never reached the
-        ledger (a dead writer's); only called under the writer lock, so no live writer is
-        mid-commit. A dead compaction is rolled forward instead (it changed no content; its old
-        files are gone)."""
+    def _recover(self, head: Head | None = None, tables: list[str] | None = None) -> None:
+        """Roll back tables (of `tables`, default all) that hold writes of a batch (or a merge)
+        that never reached the ledger (a dead writer's); only called under the writer lock, so
+        no live writer is mid-commit. A dead compaction is rolled forward instead (it changed
+        no content; its old files are gone)."""
         head = head or self.head
         if self._compacting():
             # an index the head does not name yet may be half built: it stays unpublished (and
@@ -189,7 +191,7 @@ class DeltaStore:
             self._finish_compaction(self.head.batch_no + 1, [n for n in STORED if n not in unbuilt])
             self._compaction_marker().unlink()
             return
-        for name in STORED:
+        for name in STORED if tables is None else tables:
             if not DeltaTable.is_deltatable(self._path(name)):
                 continue
             table = DeltaTable(self._path(name))
@@ -235,7 +237,9 @@ class DeltaStore:
         if files is None:
             if len(self._files) > 4 * len(STORED):
                 self._files.clear()
-            files = DeltaTable(self._path(name), version=version).file_uris()
+                self._tables.clear()
+            table = self._tables[(name, version)] = DeltaTable(self._path(name), version=version)
+            files = table.file_uris()
             if self.local:  # delta-rs gives file URIs percent-encoded; readers want the path
                 files = [unquote(uri) for uri in files]
             self._files[(name, version)] = files
@@ -248,7 +252,8 @@ class DeltaStore:
         if ranges is None:
             if len(self._ranges) > 4 * len(STORED):
                 self._ranges.clear()
-            table = DeltaTable(self._path(name), version=version)
+            uris = self.files(name, version)
+            table = self._tables.get((name, version)) or DeltaTable(self._path(name), version=version)
             actions = pa.table(table.get_add_actions(flatten=True))
             low, high = f"min.{column}", f"max.{column}"
             by_name = {}
@@ -257,7 +262,7 @@ class DeltaStore:
                     actions.column("path").to_pylist(), actions.column(low).to_pylist(),
                     actions.column(high).to_pylist(), strict=True)}
             # file URIs are absolute and percent-encoded, add-action paths relative: match by name
-            ranges = {uri: by_name.get(_file_name(uri), (None, None)) for uri in self.files(name, version)}
+            ranges = {uri: by_name.get(_file_name(uri), (None, None)) for uri in uris}
             self._ranges[(name, version, column)] = ranges
         return ranges
 
@@ -266,7 +271,9 @@ class DeltaStore:
         from the add actions' statistics here, not on every snapshot read)."""
         if version is None:
             return []
-        table = DeltaTable(self._path(name), version=version)
+        return self._runs_of(DeltaTable(self._path(name), version=version), name)
+
+    def _runs_of(self, table: DeltaTable, name: str) -> list[merging.Run]:
         return merging.runs_of(pl.DataFrame(pa.table(table.get_add_actions(flatten=True))), self._path(name))
 
     def snapshot(self) -> Snapshot:
@@ -295,22 +302,29 @@ class DeltaStore:
             self._recover()
             self._write_batch(changes, key=key, responses=responses, next_profile_n=next_profile_n,
                               next_update_seq=next_update_seq)
-        self._start_merges()
+        if self._merge_due:
+            self._start_merges()
 
     # --- run merges, after the commit ------------------------------------------------------------
     def _start_merges(self) -> None:
+        due, self._merge_due = [n for n in SORT_BY if n in self._merge_due], set()
         if not self.background_merges:
-            self._merge_guarded()
+            self._merge_guarded(due)
             return
-        self._merger = threading.Thread(target=self._merge_guarded, name="engagelake-merge-runs")
+        self._merger = threading.Thread(target=self._merge_guarded, args=(due,), name="engagelake-merge-runs")
         self._merger.start()  # not a daemon: a process that exits waits for its merge to finish
 
-    def _merge_guarded(self) -> None:
+    def _merge_guarded(self, tables: list[str]) -> None:
         """The batch is committed: a failed merge must not look like a failed batch."""
         try:
-            self.merge_runs()
+            self.merge_runs(tables)
         except Exception as error:  # noqa: BLE001 - the store is intact; the next writer rolls it back
             self.merge_errors.append(error)
+
+    def _merge_plan(self, runs: list[merging.Run]) -> list[merging.Run]:
+        """The newest runs to merge into one (none, or at least two)."""
+        older = merging.plan(runs[1:], runs[0].rows, trigger=self.merge_trigger) if runs else []
+        return runs[: 1 + len(older)] if older else []
 
     def wait_for_merges(self) -> None:
         """Wait for this store's merge pass, if one is running (the next commit, compaction,
@@ -319,10 +333,11 @@ class DeltaStore:
         if merger is not None:
             merger.join()
 
-    def merge_runs(self) -> list[str]:
-        """One merge pass under the writer lock: each sorted table holding more runs than the
-        trigger merges its newest runs (`merging.plan`), each in one Delta commit, and one
-        ledger row of kind "merge" publishes them all. Returns the tables merged.
+    def merge_runs(self, tables: list[str] | None = None) -> list[str]:
+        """One merge pass under the writer lock: each sorted table (of `tables`, default all)
+        holding more runs than the trigger merges its newest runs (`merging.plan`), each in one
+        Delta commit, and one ledger row of kind "merge" publishes them all. Returns the tables
+        merged.
 
         A merge changes no content, so a crash midway loses nothing: the tables are ahead of
         the ledger, and the next writer rolls them back to the versions it names."""
@@ -330,14 +345,15 @@ class DeltaStore:
             if self._compacting():  # a dead compaction: the next batch or reader rolls it forward
                 return []
             head = self._read_head()
-            self._recover(head)
+            # the tables it merges must hold no dead writer's rows; the others keep the ledger's
+            # versions here, and the next writer rolls them back
+            self._recover(head, list(SORT_BY) if tables is None else tables)
             versions = dict(head.versions)
             merged = []
-            for name in SORT_BY:
+            for name in SORT_BY if tables is None else tables:
                 runs = self.runs(name, versions.get(name))
-                older = merging.plan(runs[1:], runs[0].rows, trigger=self.merge_trigger) if runs else []
-                if older:
-                    versions[name] = self._merge(name, runs[: 1 + len(older)], bottom=len(older) + 1 == len(runs))
+                if chosen := self._merge_plan(runs):
+                    versions[name] = self._merge(name, chosen, bottom=len(chosen) == len(runs))
                     merged.append(name)
                     _failpoint(f"merge:{name}")
             if merged:
@@ -387,6 +403,8 @@ class DeltaStore:
         table = DeltaTable(self._path(name))  # loaded once: the write moves it to its new version
         write_deltalake(table, rows.to_arrow(), mode="append", writer_properties=WRITER)
         versions[name] = table.version()
+        if name in SORT_BY and self._merge_plan(self._runs_of(table, name)):
+            self._merge_due.add(name)
         _failpoint(f"after_table:{name}")
 
     def _merge(self, name: str, runs: list[merging.Run], *, bottom: bool) -> int:
