@@ -94,6 +94,11 @@ def _stored_schema(name: str) -> dict[str, pl.DataType]:
     return {**SCHEMAS[name], "_batch": pl.Int64(), "_deleted": pl.Boolean()}
 
 
+def _arrow_schema(name: str) -> pa.Schema:
+    """The stored schema as Arrow writes it (what DuckDB's batches are cast to)."""
+    return pl.DataFrame(schema=_stored_schema(name)).to_arrow().schema
+
+
 @dataclass(frozen=True)
 class Head:
     """The last committed batch: what readers see."""
@@ -253,7 +258,7 @@ class DeltaStore:
             if len(self._ranges) > 4 * len(STORED):
                 self._ranges.clear()
             uris = self.files(name, version)
-            table = self._tables.get((name, version)) or DeltaTable(self._path(name), version=version)
+            table = self._tables[(name, version)]  # loaded (and cached) with the files
             actions = pa.table(table.get_add_actions(flatten=True))
             low, high = f"min.{column}", f"max.{column}"
             by_name = {}
@@ -415,7 +420,7 @@ class DeltaStore:
         files = [f for run in runs for f in run.files]
         order = sort_order(name, KEYS[name])
         assert order is not None
-        schema = pl.DataFrame(schema=_stored_schema(name)).to_arrow().schema
+        schema = _arrow_schema(name)
         with merging.connection(self.memory_limit) as con:
             sql = merging.merge_sql(list(_stored_schema(name)), KEYS[name], order, files, since=since, bottom=bottom)
             table = DeltaTable(self._path(name))
@@ -472,7 +477,7 @@ class DeltaStore:
                     [pl.when(pl.col("source_sid").is_in(gone.implode()) | pl.col("target_sid").is_in(gone.implode()))
                      .then(None).otherwise(pl.col(c)).alias(c) for c in ("source", "target")])
             return rows.with_columns(**stamp).select(list(_stored_schema(name))).to_arrow()
-        schema = pl.DataFrame(schema=_stored_schema(name)).to_arrow().schema
+        schema = _arrow_schema(name)
         columns = ", ".join(f'"{c}"' for c in SCHEMAS[name])
         by = ", ".join(f'"{c}"' for c in order)
         source = f'"{name}"'
