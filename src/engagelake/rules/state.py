@@ -100,11 +100,14 @@ class State:
                     new = new.filter(~new.is_in(held[column].implode()))
         if new.len() == 0:
             return
-        rows = self.source.probe(name, column, new)
+        # rows of keys the batch holds (read or written) would be dropped below: a secondary
+        # probe does not read them
+        stale = [f for f in (self.shadow.get(name), self.known[name].select(key)) if f is not None and f.height]
+        held = pl.concat(stale) if stale else None
+        rows = self.source.probe(name, column, new, held if key != (column,) else None)
         self.reads.append((name, column, rows.height))
-        for stale in (self.shadow.get(name), self.known[name].select(key)):
-            if stale is not None and stale.height and rows.height:
-                rows = rows.join(stale, on=list(key), how="anti")
+        if held is not None and rows.height:
+            rows = rows.join(held, on=list(key), how="anti")
         if rows.height:
             self.known[name] = pl.concat([self.known[name], rows], how="vertical_relaxed")
         self.probed[(name, column)] = new if seen is None else pl.concat([seen, new])

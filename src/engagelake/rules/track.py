@@ -97,7 +97,17 @@ class _Batch:
         lookup joins against this small frame instead of the whole store."""
         fields = self.valid.fields
         strong_sids = self.strong_targets.filter(pl.col("target").is_not_null())["target"].unique()
-        target_emails = self.state.rows_where("profiles", "service_id", strong_sids)["email"].drop_nulls()
+        # same-email propagation reads the holders of its sources' stored emails; a source is an
+        # external-ID object that writes email_subscribe or subscription groups
+        propagating = pl.concat([
+            fields.filter((pl.col("field") == "email_subscribe") & pl.col("value").is_not_null())["seq"],
+            self.valid.groups["seq"],
+        ]).unique()
+        sources = (
+            self.strong_targets.filter(pl.col("seq").is_in(propagating.implode()) & pl.col("target").is_not_null())
+            .join(self.kind_of.filter(pl.col("kind") == "ext"), on="seq")["target"].unique()
+        )
+        target_emails = self.state.rows_where("profiles", "service_id", sources)["email"].drop_nulls()
         emails = pl.concat([
             regular.filter(pl.col("kind") == "email")["key"],
             fields.filter(pl.col("field") == "email")["value"].drop_nulls(),

@@ -567,7 +567,7 @@ class Snapshot:
         assert rows is not None
         return rows.filter(pl.col(column).is_in(values.implode())).collect()
 
-    def probe(self, name: str, column: str, values: pl.Series) -> pl.DataFrame:
+    def probe(self, name: str, column: str, values: pl.Series, held: pl.DataFrame | None = None) -> pl.DataFrame:
         if not self.files(name) or values.len() == 0:
             return empty(name)
         key = KEYS[name]
@@ -582,6 +582,8 @@ class Snapshot:
                 keys = self.probe(index, column, values).select(key).unique()
             else:  # no index (a store older than it, until compaction): scan the column
                 keys = self._read_where(name, column, values).select(key).unique()
+            if held is not None and held.height:  # the caller has their rows: not read again
+                keys = keys.join(held, on=list(key), how="anti")
             lead = SORT_BY.get(name, key[0])
             hits = self._read_where(name, lead, keys[lead]).join(keys, on=list(key), how="semi")
         current = (

@@ -11,9 +11,10 @@ import polars as pl
 
 
 class RowSource(Protocol):
-    def probe(self, name: str, column: str, values: pl.Series) -> pl.DataFrame:
+    def probe(self, name: str, column: str, values: pl.Series, held: pl.DataFrame | None = None) -> pl.DataFrame:
         """Current stored rows of `name` whose `column` is one of `values` (log tables: the
-        stored rows as written, history not remapped through redirects)."""
+        stored rows as written, history not remapped through redirects). `held` lists keys
+        whose rows the caller already has: rows of those keys may be left out."""
         ...
 
     def scan(self, name: str) -> pl.LazyFrame:
