@@ -98,16 +98,22 @@ class State:
             for held in (self.known[name], self.shadow.get(name)):
                 if held is not None and held.height and new.len():
                     new = new.filter(~new.is_in(held[column].implode()))
-        if new.len() == 0:
-            return
-        # rows of keys the batch holds (read or written) would be dropped below: a secondary
-        # probe does not read them
-        stale = [f for f in (self.shadow.get(name), self.known[name].select(key)) if f is not None and f.height]
-        held = pl.concat(stale) if stale else None
-        rows = self.source.probe(name, column, new, held if key != (column,) else None)
+            if new.len() == 0:
+                return
+            rows = self.source.probe(name, column, new)  # none of the batch's keys: nothing stale
+        else:
+            if new.len() == 0:
+                return
+            # rows of keys the batch holds (read or written) are stale or known: a secondary
+            # probe does not read them, and any other probe drops them
+            stale = [f for f in (self.shadow.get(name), self.known[name].select(key)) if f is not None and f.height]
+            held = pl.concat(stale) if stale else None
+            if held is not None and column in key:  # rows read have their `column` in `new`
+                held = held.filter(pl.col(column).is_in(new.implode()))
+            rows = self.source.probe(name, column, new, held)
+            if held is not None and rows.height:
+                rows = rows.join(held, on=list(key), how="anti")
         self.reads.append((name, column, rows.height))
-        if held is not None and rows.height:
-            rows = rows.join(held, on=list(key), how="anti")
         if rows.height:
             self.known[name] = pl.concat([self.known[name], rows], how="vertical_relaxed")
         self.probed[(name, column)] = new if seen is None else pl.concat([seen, new])
