@@ -32,6 +32,9 @@ ROW_GROUP_ROWS = 1024
 TRUSTED_STAT_CHARS = 512
 # When more than 1/WHOLE_FILE_SHARE of a file's row groups match, scan the file instead.
 WHOLE_FILE_SHARE = 3
+# A probe with this many values per row group of a file reads the file whole without searching
+# its fences: spread values then hit nearly every row group (clustered ones cost one whole read).
+WHOLE_FILE_KEYS_PER_GROUP = 4
 # Row groups whose range overlaps others are tested one by one; beyond this many (or 1% of
 # the file's row groups) the file is read whole.
 MAX_WIDE_GROUPS = 16
@@ -174,15 +177,23 @@ def read_where(paths: list[str], column: str, values: pl.Series, footers: Footer
                schema: dict[str, pl.DataType]) -> pl.DataFrame:
     """Rows of the files whose `column` is one of `values`, reading only the row groups whose
     fences admit them (whole files when a file has no fences)."""
-    keys = values.unique().sort().to_list()
-    wanted = np.array(keys, dtype=str)
-    exact = pa.array(keys, pa.large_string())
-    fenced = not any("\x00" in k for k in keys)  # numpy's strings drop NULs
+    unique = values.unique()
     picked: list[pa.Table] = []
     whole: list[str] = []  # files where most row groups match: Polars' reader is faster there
+    sorted_keys: tuple[np.ndarray, pa.Array, bool] | None = None
     for path in paths:
         fence = footers.fences(path, column)
-        if fence.starts is None or not fenced:
+        if fence.starts is None or unique.len() >= WHOLE_FILE_KEYS_PER_GROUP * fence.metadata.num_row_groups:
+            # no fences, or so many values that nearly every row group matches anyway (a big
+            # batch): no search at all
+            whole.append(path)
+            continue
+        if sorted_keys is None:
+            keys = unique.sort().to_list()
+            fenced = not any("\x00" in k for k in keys)  # numpy's strings drop NULs
+            sorted_keys = (np.array(keys, dtype=str), pa.array(keys, pa.large_string()), fenced)
+        wanted, exact, fenced = sorted_keys
+        if not fenced:
             whole.append(path)
             continue
         groups = fence.groups(wanted)
