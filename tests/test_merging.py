@@ -178,6 +178,26 @@ def test_compaction_rebuilds_indexes_from_current_rows(tmp_path: Path) -> None:
     assert export_one_by(ws, email_address="b@x.com") == ["a"]
 
 
+def test_a_batch_writes_index_entries_only_for_new_values(tmp_path: Path) -> None:
+    ws = open_ws(tmp_path)
+    track_ok(ws, attributes=[{"external_id": "a", "email": "a@x.com"}, {"external_id": "b", "email": "b@x.com"}])
+
+    def entries() -> list[tuple[str, str]]:
+        index = pl.read_delta(f"{ws.store.uri}/_index_profiles_email")
+        return sorted(zip(index["email"].to_list(), index["service_id"].to_list(), strict=True))
+
+    before = entries()
+    assert len(before) == 2
+    # the stored rows were read and rewritten with the same emails: their entries exist
+    track_ok(ws, attributes=[{"external_id": "a", "first_name": "A"}, {"external_id": "b", "email": "b@x.com"}])
+    assert entries() == before
+    track_ok(ws, attributes=[{"external_id": "a", "email": "c@x.com"}])
+    assert len(entries()) == 3
+    assert export_one_by(ws, email_address="c@x.com") == ["a"]
+    assert export_one_by(ws, email_address="a@x.com") == []
+    assert export_one_by(ws, email_address="b@x.com") == ["b"]
+
+
 def export_one_by(ws: Workspace, **identifier: str) -> list[str]:
     (kind, value), = identifier.items()
     fields = ["external_id", "user_aliases", "push_tokens", "custom_events"]

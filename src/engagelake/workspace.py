@@ -244,6 +244,7 @@ class Workspace:
             self.store.commit(
                 batch.changes, key=idempotency_key, responses=[[r.status, r.body] for r in final],
                 next_profile_n=batch.state.next_profile_n, next_update_seq=batch.state.next_update_seq,
+                index_entries_stored=batch.state.index_entries_stored(),
             )
         return final
 

@@ -15,7 +15,7 @@ from typing import Any
 import polars as pl
 
 from engagelake.tables.changes import Changes, remap_history
-from engagelake.tables.schema import HISTORY, KEYS, TABLES, empty
+from engagelake.tables.schema import HISTORY, INDEXES, KEYS, SCHEMAS, TABLES, empty
 from engagelake.tables.source import RowSource
 
 __all__ = ["Changes", "State", "apply_changes"]
@@ -38,6 +38,8 @@ class State:
     next_profile_n: int = 0  # profiles ever created: the next service_id ordinal
     next_update_seq: int = 0  # objects ever applied: orders "most recently updated"
     reads: list[tuple[str, str, int]] = field(default_factory=list)  # (table, column or "*", rows read)
+    # (value, key) pairs of the stored rows read, per index: the index holds them already
+    indexed: dict[str, list[pl.DataFrame]] = field(default_factory=dict)
 
     @staticmethod
     def empty() -> State:
@@ -60,6 +62,7 @@ class State:
         assert self.source is not None
         stored = self.source.scan(name).collect()
         self.reads.append((name, "*", stored.height))
+        self._note_stored(name, stored)
         key = KEYS[name]
         if key is None:
             if name in HISTORY:
@@ -115,8 +118,22 @@ class State:
                 rows = rows.join(held, on=list(key), how="anti")
         self.reads.append((name, column, rows.height))
         if rows.height:
+            self._note_stored(name, rows)
             self.known[name] = pl.concat([self.known[name], rows], how="vertical_relaxed")
         self.probed[(name, column)] = new if seen is None else pl.concat([seen, new])
+
+    def _note_stored(self, name: str, rows: pl.DataFrame) -> None:
+        """Remember the index entries of stored rows just read (every stored row has its
+        entries: the commit writes them with the row, compaction rebuilds them)."""
+        for index, (table, column) in INDEXES.items():
+            if table == name and rows.height:
+                pairs = rows.select(list(SCHEMAS[index])).filter(pl.col(column).is_not_null())
+                self.indexed.setdefault(index, []).append(pairs)
+
+    def index_entries_stored(self) -> dict[str, pl.DataFrame]:
+        """Per index, the (value, key) pairs it already holds, as far as this batch read them:
+        the commit need not write them again."""
+        return {index: pl.concat(parts) for index, parts in self.indexed.items() if parts}
 
     def _history(self, name: str, column: str, users: pl.Series) -> pl.DataFrame:
         """Log rows of `users`: their stored rows and those of profiles merged into them, moved
@@ -162,4 +179,5 @@ def apply_changes(state: State, changes: Changes, *, next_profile_n: int, next_u
             cur = cur.rechunk()
         known[name] = cur
     return State(state.source, known, shadow, set(state.whole), dict(state.probed),
-                 next_profile_n=next_profile_n, next_update_seq=next_update_seq, reads=state.reads)
+                 next_profile_n=next_profile_n, next_update_seq=next_update_seq, reads=state.reads,
+                 indexed=state.indexed)

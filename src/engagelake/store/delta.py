@@ -293,11 +293,13 @@ class DeltaStore:
         return orjson.loads(table.column("responses")[0].as_py()) if table.num_rows else None
 
     def commit(self, changes: Changes, *, key: str | None, responses: list[Any], next_profile_n: int,
-               next_update_seq: int) -> None:
+               next_update_seq: int, index_entries_stored: dict[str, pl.DataFrame] | None = None) -> None:
         """Write one batch: every table's rows, then the ledger row that makes them visible.
         Raises StaleStoreError when another writer committed a batch since this one read the
         store (merges and compactions since then change no content: the batch still holds).
-        Tables that now hold too many runs are merged afterwards (`merge_runs`)."""
+        Tables that now hold too many runs are merged afterwards (`merge_runs`).
+        `index_entries_stored` names index entries the store holds already (those of stored
+        rows the batch read): they are not written again."""
         self.wait_for_merges()
         base = self.head.content_batch
         with self._writer_lock():
@@ -306,7 +308,7 @@ class DeltaStore:
                 raise StaleStoreError(f"the store at {self.uri} changed since this batch read it")
             self._recover()
             self._write_batch(changes, key=key, responses=responses, next_profile_n=next_profile_n,
-                              next_update_seq=next_update_seq)
+                              next_update_seq=next_update_seq, index_entries_stored=index_entries_stored or {})
         if self._merge_due:
             self._start_merges()
 
@@ -368,7 +370,7 @@ class DeltaStore:
         return merged
 
     def _write_batch(self, changes: Changes, *, key: str | None, responses: list[Any], next_profile_n: int,
-                     next_update_seq: int) -> None:
+                     next_update_seq: int, index_entries_stored: dict[str, pl.DataFrame]) -> None:
         batch_no = self.head.batch_no + 1
         versions = dict(self.head.versions)
         _failpoint("before_tables")
@@ -390,8 +392,11 @@ class DeltaStore:
             # an index exists from the store's creation (or a compaction) on: older stores
             # scan the column until compaction builds it
             if name in written and index in versions:
-                entries = (written[name].filter(pl.col(column).is_not_null()).select(list(SCHEMAS[index]))
-                           .unique().with_columns(_batch=pl.lit(batch_no, pl.Int64), _deleted=pl.lit(False)))
+                entries = written[name].filter(pl.col(column).is_not_null()).select(list(SCHEMAS[index])).unique()
+                held = index_entries_stored.get(index)
+                if held is not None and held.height:  # a row rewritten with the same value
+                    entries = entries.join(held, on=list(SCHEMAS[index]), how="anti")
+                entries = entries.with_columns(_batch=pl.lit(batch_no, pl.Int64), _deleted=pl.lit(False))
                 if entries.height:
                     self._write_rows(index, entries, versions)
         _failpoint("before_ledger")
