@@ -125,10 +125,9 @@ class State:
     def _note_stored(self, name: str, rows: pl.DataFrame) -> None:
         """Remember the index entries of stored rows just read (every stored row has its
         entries: the commit writes them with the row, compaction rebuilds them)."""
-        for index, (table, column) in INDEXES.items():
-            if table == name and rows.height:
-                pairs = rows.select(list(SCHEMAS[index])).filter(pl.col(column).is_not_null())
-                self.indexed.setdefault(index, []).append(pairs)
+        for index, (table, _) in INDEXES.items():
+            if table == name and rows.height:  # a selection shares the rows' buffers: no copy
+                self.indexed.setdefault(index, []).append(rows.select(list(SCHEMAS[index])))
 
     def index_entries_stored(self) -> dict[str, pl.DataFrame]:
         """Per index, the (value, key) pairs it already holds, as far as this batch read them:
