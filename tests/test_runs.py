@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tests.helpers import export_users, open_ws, track_ok
 
+from engagelake.store import runs
 from engagelake.store.runs import FooterCache, files_holding, matching_groups, read_where
 
 SCHEMA = {"k": pl.String(), "v": pl.Int64()}
@@ -46,8 +47,9 @@ def _write(path: Path, keys: list[str], group: int, shuffle: random.Random | Non
     wanted=st.lists(st.sampled_from("abcdefghijk"), min_size=1, max_size=5),
     unsorted=st.booleans(),
     shuffle=st.randoms(use_true_random=False),
+    cached=st.booleans(),
 )
-def test_read_where_equals_a_filter(tmp_path_factory, files, group, wanted, unsorted, shuffle) -> None:
+def test_read_where_equals_a_filter(tmp_path_factory, files, group, wanted, unsorted, shuffle, cached) -> None:
     folder = tmp_path_factory.mktemp("runs")
     paths, frames = [], []
     for i, keys in enumerate(files):
@@ -62,7 +64,12 @@ def test_read_where_equals_a_filter(tmp_path_factory, files, group, wanted, unso
             paths.append(_write(path, keys, group, shuffle))
         frames.append(pl.read_parquet(path))
     values = pl.Series(wanted, dtype=pl.String)
-    got = read_where(paths, "k", values, FooterCache(), SCHEMA)
+    limit = runs.SIEVE_CACHE_ROWS
+    runs.SIEVE_CACHE_ROWS = limit if cached else 0  # sieve a small run from its kept column, or not
+    try:
+        got = read_where(paths, "k", values, FooterCache(), SCHEMA)
+    finally:
+        runs.SIEVE_CACHE_ROWS = limit
     every = pl.concat(frames) if frames else pl.DataFrame(schema=SCHEMA)
     expected = every.filter(pl.col("k").is_in(values.implode()))
     assert sorted(got.rows()) == sorted(expected.rows())
@@ -80,6 +87,25 @@ def test_a_point_lookup_reads_few_row_groups(tmp_path: Path) -> None:
     assert got["k"].to_list() == ["000005", "050500", "099999"]
     read_where([path], "k", pl.Series(["000007"]), footers, SCHEMA)
     assert footers.footers_read == 1  # footers are cached per file
+
+
+def test_a_small_run_is_sieved_by_its_sort_column(tmp_path: Path) -> None:
+    """A small run's row groups each span much of the key space, so its fences admit nearly
+    any probe; the sieve reads its sort column once and reads whole only the groups that hold
+    a wanted value."""
+    big = _write(tmp_path / "big.parquet", [f"{n:06d}" for n in range(0, 100_000, 2)], 1000)
+    small = _write(tmp_path / "small.parquet", [f"{n:06d}" for n in range(1, 100_000, 994)], 10)  # 101 odd keys
+    footers = FooterCache()
+    wanted = [f"{n:06d}" for n in range(0, 100_000, 2_000)]  # 50 values, none in the small run
+    got = read_where([big, small], "k", pl.Series(wanted), footers, SCHEMA)
+    assert sorted(got["k"].to_list()) == wanted
+    assert footers.groups_read == 50  # one group of the big run per value, none of the small run
+    values = pl.Series([*wanted[::5], "000995", "099401"])  # spread, and two of the small run
+    got = read_where([big, small], "k", values, footers, SCHEMA)
+    assert sorted(got["k"].to_list()) == sorted(values.to_list())
+    big_alone = FooterCache()
+    read_where([big], "k", values, big_alone, SCHEMA)
+    assert footers.groups_read == 50 + big_alone.groups_read + 2  # the small run's two groups that hold a value
 
 
 def test_a_row_group_that_overlaps_others_is_tested_on_its_own(tmp_path: Path) -> None:

@@ -42,6 +42,9 @@ MAX_WIDE_GROUPS = 16
 # minimum and maximum of the sort column, kept in the log) exclude every value, so it opens
 # no footer of them; a bigger probe touches most files anyway.
 FILE_STATS_MAX_VALUES = 64
+# A file this small (a recent run) keeps its sort column in memory once sieved: at most a few
+# MiB per file, and the merge policy keeps few small runs per table.
+SIEVE_CACHE_ROWS = 65_536
 # delta-rs truncates statistics at 64 bytes (a prefix for the minimum, a raised prefix for the
 # maximum: still bounds), and may drop them; only shorter ones are used.
 TRUSTED_FILE_STAT_BYTES = 64
@@ -91,18 +94,29 @@ class FooterCache:
 
     def __init__(self, limit: int = 4096):
         self._fences: dict[tuple[str, str], Fences] = {}
+        self._columns: dict[tuple[str, str], pa.ChunkedArray] = {}  # small files' sort columns
         self._limit = limit
         self.footers_read = 0  # for tests and benchmarks
+        self.groups_read = 0  # row groups read whole (every column), likewise
 
     def fences(self, path: str, column: str) -> Fences:
         key = (path, column)
         if key not in self._fences:
             if len(self._fences) >= self._limit:
                 self._fences.clear()
+                self._columns.clear()
             metadata = pq.read_metadata(path)
             self.footers_read += 1
             self._fences[key] = _fences(metadata, column)
         return self._fences[key]
+
+
+    def sort_column(self, path: str, column: str, metadata: pq.FileMetaData) -> pa.ChunkedArray:
+        """`column` of a small file (at most SIEVE_CACHE_ROWS rows), read once."""
+        key = (path, column)
+        if key not in self._columns:
+            self._columns[key] = pq.ParquetFile(path, metadata=metadata).read(columns=[column]).column(column)
+        return self._columns[key]
 
 
 def _fences(metadata: pq.FileMetaData, column: str) -> Fences:
@@ -181,9 +195,13 @@ def read_where(paths: list[str], column: str, values: pl.Series, footers: Footer
     picked: list[pa.Table] = []
     whole: list[str] = []  # files where most row groups match: Polars' reader is faster there
     sorted_keys: tuple[np.ndarray, pa.Array, bool] | None = None
-    for path in paths:
-        fence = footers.fences(path, column)
-        if fence.starts is None or unique.len() >= WHOLE_FILE_KEYS_PER_GROUP * fence.metadata.num_row_groups:
+    fences = [footers.fences(path, column) for path in paths]
+    total_rows = sum(fence.metadata.num_rows for fence in fences)
+    for path, fence in zip(paths, fences, strict=True):
+        n_groups = fence.metadata.num_row_groups
+        # the values the file holds if they spread like its rows: few in a small run
+        sieve = unique.len() * fence.metadata.num_rows * WHOLE_FILE_SHARE < n_groups * total_rows
+        if fence.starts is None or (not sieve and unique.len() >= WHOLE_FILE_KEYS_PER_GROUP * n_groups):
             # no fences, or so many values that nearly every row group matches anyway (a big
             # batch): no search at all
             whole.append(path)
@@ -197,11 +215,20 @@ def read_where(paths: list[str], column: str, values: pl.Series, footers: Footer
             whole.append(path)
             continue
         groups = fence.groups(wanted)
-        if len(groups) * WHOLE_FILE_SHARE > fence.metadata.num_row_groups:
+        if sieve and len(groups) * WHOLE_FILE_SHARE > n_groups:
+            # ranges too wide to tell (a small run spans the key space): sieve the groups by
+            # their sort column, then read whole only the groups that hold a value
+            candidates = set(groups)
+            groups = [g for g in _sieve(path, fence.metadata, column, groups, exact, footers) if g in candidates]
+        if len(groups) * WHOLE_FILE_SHARE > n_groups:
             whole.append(path)
-        elif groups:  # filter in Arrow first: only the matching rows are converted to Polars
+            continue
+        footers.groups_read += len(groups)
+        if groups:  # filter in Arrow first: only the matching rows are converted to Polars
             rows = pq.ParquetFile(path, metadata=fence.metadata).read_row_groups(groups)
             picked.append(rows.filter(pc.is_in(rows.column(column), exact)))
+    footers.groups_read += sum(fence.metadata.num_row_groups for path, fence in zip(paths, fences, strict=True)
+                               if path in whole)
     frames = [pl.scan_parquet(whole, schema=schema).filter(pl.col(column).is_in(values.implode())).collect()
               ] if whole else []
     if picked:
@@ -209,6 +236,22 @@ def read_where(paths: list[str], column: str, values: pl.Series, footers: Footer
         assert isinstance(frame, pl.DataFrame)
         frames.append(frame.select([pl.col(c).cast(t) for c, t in schema.items()]))
     return pl.concat(frames) if frames else pl.DataFrame(schema=schema)
+
+
+def _sieve(path: str, metadata: pq.FileMetaData, column: str, groups: list[int], values: pa.Array,
+           footers: FooterCache) -> list[int]:
+    """The row groups of `groups` whose `column` holds one of `values`, by reading that one
+    column (a column of 1,024 rows costs a few percent of a whole row group); a small file's
+    column is read once and kept."""
+    if metadata.num_rows <= SIEVE_CACHE_ROWS:
+        keys, groups = footers.sort_column(path, column, metadata), list(range(metadata.num_row_groups))
+    else:
+        keys = pq.ParquetFile(path, metadata=metadata).read_row_groups(groups, columns=[column]).column(column)
+    hits = np.flatnonzero(pc.is_in(keys, values).to_numpy(zero_copy_only=False))
+    if hits.size == 0:
+        return []
+    ends = np.cumsum([metadata.row_group(g).num_rows for g in groups])
+    return [groups[i] for i in np.unique(np.searchsorted(ends, hits, side="right")).tolist()]
 
 
 def sort_order(name: str, key: tuple[str, ...] | None) -> list[str] | None:
