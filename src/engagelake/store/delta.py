@@ -223,6 +223,8 @@ class DeltaStore:
         A cheap check: only the ledger's new log entries are read."""
         if self._ledger_table is None:
             self._ledger_table = DeltaTable(self._path(LEDGER))
+        elif self.local and not self._ledger_entry(self._ledger_version + 1).exists():
+            return False  # a Delta commit creates its log entry atomically: none, nothing new
         else:
             self._ledger_table.update_incremental()
         version = self._ledger_table.version()
@@ -233,6 +235,9 @@ class DeltaStore:
         changed = head.batch_no != self.head.batch_no
         self.head = head
         return changed
+
+    def _ledger_entry(self, version: int) -> Path:
+        return Path(self._path(LEDGER)) / "_delta_log" / f"{version:020d}.json"
 
     def files(self, name: str, version: int | None) -> list[str]:
         """The data files of one table version (cached: a version never changes)."""
