@@ -40,6 +40,7 @@ from tests.model import (
     service_id_for,
 )
 
+import engagelake.workspace as workspace
 from engagelake.rules.messages import EXPORT_FIELDS
 
 try:
@@ -1290,6 +1291,30 @@ def test_apply_mode_matches_model(reqs: list[dict]) -> None:
                 assert_same(response_pair(g), w, f"response to request {i}")
             assert_same(ws.export_users(), model.export_users(), "final export_users()")
         finally:
+            close(ws)
+
+
+@pytest.mark.slow
+@engine_only
+@engine_settings(16)
+@given(reqs=request_sequences)
+@with_examples(TRICKY_SEQUENCES + IDENTITY_SEQUENCES)
+def test_apply_with_staged_passes_matches_model(reqs: list[dict]) -> None:
+    """As one apply, with every pass (of one request) staged to disk (`store/staging.py`)."""
+    describe(reqs)
+    model, want = run_model(reqs)
+    limits = workspace.STAGE_ROWS, workspace.TRACK_RUN_MAX
+    workspace.STAGE_ROWS, workspace.TRACK_RUN_MAX = 1, 1
+    with tempfile.TemporaryDirectory() as tmp:
+        ws = new_engine(tmp)
+        try:
+            got = ws.apply(copy.deepcopy(reqs))
+            assert len(got) == len(reqs)
+            for i, (g, w) in enumerate(zip(got, want, strict=True)):
+                assert_same(response_pair(g), w, f"response to request {i}")
+            assert_same(ws.export_users(), model.export_users(), "final export_users()")
+        finally:
+            workspace.STAGE_ROWS, workspace.TRACK_RUN_MAX = limits
             close(ws)
 
 

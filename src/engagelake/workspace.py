@@ -36,6 +36,7 @@ from engagelake.rules.state import Changes, State, apply_changes
 from engagelake.rules.track import apply_track
 from engagelake.rules.validate import validate_track
 from engagelake.store.delta import DeltaStore
+from engagelake.store.staging import StagedSource, Stages
 from engagelake.tables.schema import TABLES
 
 if TYPE_CHECKING:
@@ -46,6 +47,9 @@ MEMORY_ENV = "ENGAGELAKE_MEMORY_LIMIT"
 # Long runs of track requests are applied in passes of at most this many requests (up to ~170k
 # objects): the same result as one pass (sequential application is the invariant), bounded memory.
 TRACK_RUN_MAX = 2000
+# After a pass, a batch holding at least this many changed rows stages them to local files
+# (`store/staging.py`) and reads them back as it needs them: memory follows the pass.
+STAGE_ROWS = 100_000
 # Endpoints the workspace runs itself: track passes, export reads, identity runs.
 USER_ROUTES: dict[str, dict[str, str]] = {
     "/users/track": {"POST": "track"},
@@ -109,6 +113,8 @@ class _Batch:
         self.responses: list[Response | None] = [None] * n
         self.pending: list[tuple[int, str]] = []
         self.pending_kind = "track"
+        self.stages: Stages | None = None
+        self.stored = state.source  # the store snapshot, under the stages
 
     def write(self, changes: Changes, *, next_profile_n: int | None = None,
               next_update_seq: int | None = None) -> None:
@@ -144,6 +150,36 @@ class _Batch:
                 self.responses[i] = Response(status, body)
             self.write(outcome.changes, next_profile_n=outcome.next_profile_n,
                        next_update_seq=outcome.next_update_seq)
+        self._stage_when_big()
+
+    def _stage_when_big(self) -> None:
+        """Stage the changes held so far when they are many, and start the state again over
+        the store and the stages (the same answers: staged rows read back like stored ones)."""
+        held = sum(frame.height for frames in self.changes.parts.values() for frame in frames)
+        if held < STAGE_ROWS or self.stored is None:
+            return
+        if self.stages is None:
+            self.stages = Stages()
+        self.stages.add(self.changes, self.state.index_entries_stored())
+        self.changes = Changes()
+        self.state = State.over(StagedSource(self.stored, self.stages), next_profile_n=self.state.next_profile_n,
+                                next_update_seq=self.state.next_update_seq, reads=self.state.reads)
+
+    def to_commit(self) -> tuple[Changes, dict[str, pl.DataFrame]]:
+        """Every change of the batch, staged ones first, and the index entries the store holds
+        already (those of the stored rows read)."""
+        if self.stages is None:
+            return self.changes, self.state.index_entries_stored()
+        changes = self.stages.changes()
+        changes.extend(self.changes)
+        pairs = self.stages.index_entries_stored()
+        for index, frame in self.state.index_entries_stored().items():
+            pairs.setdefault(index, []).append(frame)
+        return changes, {index: pl.concat(frames) for index, frames in pairs.items()}
+
+    def close(self) -> None:
+        if self.stages is not None:
+            self.stages.remove()
 
     def _track_pass(self, pending: list[tuple[int, str]], responses: list[Response | None]) -> None:
         bodies = pa.table({
@@ -235,17 +271,21 @@ class Workspace:
     def _run_batch(self, body: Callable[[_Batch], None], n: int, idempotency_key: str | None) -> list[Response]:
         batch = _Batch(self.state, n, clock=self.clock(), seed=self.store.head.seed,
                        batch_id=idempotency_key or uuid.uuid4().hex)
-        body(batch)
-        batch.flush()
-        final = [r for r in batch.responses if r is not None]
-        assert len(final) == n
-        self.last_reads = batch.state.reads
-        if batch.changes or idempotency_key is not None:
-            self.store.commit(
-                batch.changes, key=idempotency_key, responses=[[r.status, r.body] for r in final],
-                next_profile_n=batch.state.next_profile_n, next_update_seq=batch.state.next_update_seq,
-                index_entries_stored=batch.state.index_entries_stored(),
-            )
+        try:
+            body(batch)
+            batch.flush()
+            final = [r for r in batch.responses if r is not None]
+            assert len(final) == n
+            self.last_reads = batch.state.reads
+            changes, index_entries_stored = batch.to_commit()
+            if changes or idempotency_key is not None:
+                self.store.commit(
+                    changes, key=idempotency_key, responses=[[r.status, r.body] for r in final],
+                    next_profile_n=batch.state.next_profile_n, next_update_seq=batch.state.next_update_seq,
+                    index_entries_stored=index_entries_stored,
+                )
+        finally:
+            batch.close()
         return final
 
     def _dispatch(self, batch: _Batch, requests: list[dict[str, Any]]) -> None:

@@ -16,7 +16,7 @@ import polars as pl
 
 from engagelake.tables.changes import Changes, remap_history
 from engagelake.tables.schema import HISTORY, INDEXES, KEYS, SCHEMAS, TABLES, empty
-from engagelake.tables.source import RowSource
+from engagelake.tables.source import STAGED, RowSource
 
 __all__ = ["Changes", "State", "apply_changes"]
 
@@ -47,10 +47,12 @@ class State:
         return State(None, {name: empty(name) for name in TABLES}, whole=set(TABLES))
 
     @staticmethod
-    def over(source: RowSource, *, next_profile_n: int, next_update_seq: int) -> State:
-        """A state that reads `source` on demand."""
+    def over(source: RowSource, *, next_profile_n: int, next_update_seq: int,
+             reads: list[tuple[str, str, int]] | None = None) -> State:
+        """A state that reads `source` on demand (`reads`: the list to log reads to)."""
         return State(source, {name: empty(name) for name in TABLES},
-                     next_profile_n=next_profile_n, next_update_seq=next_update_seq)
+                     next_profile_n=next_profile_n, next_update_seq=next_update_seq,
+                     reads=[] if reads is None else reads)
 
     # --- whole tables --------------------------------------------------------------------------
     def __getitem__(self, name: str) -> pl.DataFrame:
@@ -60,9 +62,8 @@ class State:
 
     def _read_whole(self, name: str) -> None:
         assert self.source is not None
-        stored = self.source.scan(name).collect()
+        stored = self._note_stored(name, self.source.scan(name).collect())
         self.reads.append((name, "*", stored.height))
-        self._note_stored(name, stored)
         key = KEYS[name]
         if key is None:
             if name in HISTORY:
@@ -117,17 +118,22 @@ class State:
             if held is not None and rows.height:
                 rows = rows.join(held, on=list(key), how="anti")
         self.reads.append((name, column, rows.height))
+        rows = self._note_stored(name, rows)
         if rows.height:
-            self._note_stored(name, rows)
             self.known[name] = pl.concat([self.known[name], rows], how="vertical_relaxed")
         self.probed[(name, column)] = new if seen is None else pl.concat([seen, new])
 
-    def _note_stored(self, name: str, rows: pl.DataFrame) -> None:
+    def _note_stored(self, name: str, rows: pl.DataFrame) -> pl.DataFrame:
         """Remember the index entries of stored rows just read (every stored row has its
-        entries: the commit writes them with the row, compaction rebuilds them)."""
+        entries: the commit writes them with the row, compaction rebuilds them); rows the
+        batch staged itself have none yet. Returns the rows without the `STAGED` mark."""
+        stored = rows
+        if STAGED in rows.columns:
+            stored, rows = rows.filter(~pl.col(STAGED)), rows.drop(STAGED)
         for index, (table, _) in INDEXES.items():
-            if table == name and rows.height:  # a selection shares the rows' buffers: no copy
-                self.indexed.setdefault(index, []).append(rows.select(list(SCHEMAS[index])))
+            if table == name and stored.height:  # a selection shares the rows' buffers: no copy
+                self.indexed.setdefault(index, []).append(stored.select(list(SCHEMAS[index])))
+        return rows
 
     def index_entries_stored(self) -> dict[str, pl.DataFrame]:
         """Per index, the (value, key) pairs it already holds, as far as this batch read them:
@@ -142,7 +148,7 @@ class State:
         merged_in = self.rows_where("redirects", "into", users)["service_id"]
         ids = pl.concat([users, merged_in]).unique()
         redirects = self.rows_where("redirects", "service_id", ids)
-        stored = self.source.probe(name, "service_id", ids)
+        stored = self._note_stored(name, self.source.probe(name, "service_id", ids))
         self.reads.append((name, column, stored.height))
         stored = remap_history(stored, redirects).filter(pl.col("service_id").is_in(users.implode()))
         mine = self.known[name].filter(pl.col("service_id").is_in(users.implode()))

@@ -379,8 +379,8 @@ class DeltaStore:
         batch_no = self.head.batch_no + 1
         versions = dict(self.head.versions)
         _failpoint("before_tables")
-        written: dict[str, pl.DataFrame] = {}
-        for name, (ups, dels) in changes.merged().items():
+        entries: dict[str, pl.DataFrame] = {}  # per index: the new (value, key) pairs
+        for name, (ups, dels) in changes.merged_tables():  # one table's rows in memory at a time
             parts = []
             if ups is not None:
                 parts.append(ups.with_columns(_batch=pl.lit(batch_no, pl.Int64), _deleted=pl.lit(False)))
@@ -391,19 +391,19 @@ class DeltaStore:
                  for c, t in _stored_schema(name).items()]
             )
             self._write_rows(name, rows, versions)
-            if ups is not None:
-                written[name] = ups
-        for index, (name, column) in INDEXES.items():
-            # an index exists from the store's creation (or a compaction) on: older stores
-            # scan the column until compaction builds it
-            if name in written and index in versions:
-                entries = written[name].filter(pl.col(column).is_not_null()).select(list(SCHEMAS[index])).unique()
-                held = index_entries_stored.get(index)
-                if held is not None and held.height:  # a row rewritten with the same value
-                    entries = entries.join(held, on=list(SCHEMAS[index]), how="anti")
-                entries = entries.with_columns(_batch=pl.lit(batch_no, pl.Int64), _deleted=pl.lit(False))
-                if entries.height:
-                    self._write_rows(index, entries, versions)
+            for index, (table, column) in INDEXES.items():
+                # an index exists from the store's creation (or a compaction) on: older stores
+                # scan the column until compaction builds it
+                if table == name and ups is not None and index in versions:
+                    new = ups.filter(pl.col(column).is_not_null()).select(list(SCHEMAS[index])).unique()
+                    held = index_entries_stored.get(index)
+                    if held is not None and held.height:  # a row rewritten with the same value
+                        new = new.join(held, on=list(SCHEMAS[index]), how="anti")
+                    entries[index] = new
+        for index in INDEXES:  # written after every table, in a fixed order
+            if index in entries and entries[index].height:
+                self._write_rows(index, entries[index].with_columns(
+                    _batch=pl.lit(batch_no, pl.Int64), _deleted=pl.lit(False)), versions)
         _failpoint("before_ledger")
         self._append_ledger(batch_no, key, versions, next_profile_n, next_update_seq, self.head.seed, responses,
                             kind="batch")

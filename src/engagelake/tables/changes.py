@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import polars as pl
@@ -15,6 +16,8 @@ class Changes:
     appended log rows. For each key the last change wins."""
 
     parts: dict[str, list[pl.DataFrame]] = field(default_factory=dict)
+    # changes staged to files before `parts` (`store/staging.py`), read only when merged
+    earlier: dict[str, list[pl.LazyFrame]] = field(default_factory=dict)
 
     def upsert(self, name: str, rows: pl.DataFrame) -> None:
         if rows.height:
@@ -32,22 +35,26 @@ class Changes:
             self.parts.setdefault(name, []).extend(frames)
 
     def __bool__(self) -> bool:
-        return bool(self.parts)
+        return bool(self.parts or self.earlier)
 
     def merged(self) -> dict[str, tuple[pl.DataFrame | None, pl.DataFrame | None]]:
         """Per table: (rows to write, keys deleted), the last change of each key winning."""
-        out: dict[str, tuple[pl.DataFrame | None, pl.DataFrame | None]] = {}
+        return dict(self.merged_tables())
+
+    def merged_tables(self) -> Iterator[tuple[str, tuple[pl.DataFrame | None, pl.DataFrame | None]]]:
+        """`merged()` one table at a time: a table's staged changes are read when it comes."""
         for name in TABLES:  # a fixed table order: the commit's failpoints depend on it
-            if name not in self.parts:
+            if name not in self.parts and name not in self.earlier:
                 continue
-            frames, key = self.parts[name], KEYS[name]
-            rows = pl.concat(frames)
+            key = KEYS[name]
+            staged = self.earlier.get(name, [])
+            mine = self.parts.get(name, [])
+            rows = pl.concat([*staged, *(f.lazy() for f in mine)]).collect() if staged else pl.concat(mine)
             if key is not None:
                 rows = rows.unique(subset=list(key), keep="last", maintain_order=True)
             ups = rows.filter(~pl.col("_deleted")).drop("_deleted")
             dels = rows.filter(pl.col("_deleted")).select(key) if key is not None else None
-            out[name] = (ups if ups.height else None, dels if dels is not None and dels.height else None)
-        return out
+            yield name, (ups if ups.height else None, dels if dels is not None and dels.height else None)
 
 
 def remap_history(log: pl.DataFrame, redirects: pl.DataFrame) -> pl.DataFrame:

@@ -9,14 +9,20 @@ from typing import Protocol
 
 import polars as pl
 
+# A boolean column a source may add to the rows it returns: true for rows the batch staged
+# itself (its earlier passes, `store/staging.py`), which the store's indexes do not hold yet.
+STAGED = "_staged"
+
 
 class RowSource(Protocol):
     def probe(self, name: str, column: str, values: pl.Series, held: pl.DataFrame | None = None) -> pl.DataFrame:
         """Current stored rows of `name` whose `column` is one of `values` (log tables: the
         stored rows as written, history not remapped through redirects). `held` lists keys
-        whose rows the caller already has: rows of those keys may be left out."""
+        whose rows the caller already has: rows of those keys may be left out. The rows may
+        carry a `STAGED` column."""
         ...
 
     def scan(self, name: str) -> pl.LazyFrame:
-        """Every current stored row of `name`, lazily (log tables: as written)."""
+        """Every current stored row of `name`, lazily (log tables: as written); it may carry a
+        `STAGED` column."""
         ...

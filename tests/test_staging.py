@@ -1,0 +1,118 @@
+"""Staged passes (`store/staging.py`): a batch that stages its finished passes to local files
+answers and ends exactly as one that holds them in memory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tests.helpers import export_users, open_ws
+from tests.test_apply_equals_call import (
+    EVENTS_AND_PURCHASES,
+    IDENTITIES_AND_ATTRIBUTES,
+    PUSH_AND_SUBSCRIPTIONS,
+    final_state,
+    post_export,
+    post_track,
+)
+
+import engagelake.workspace as workspace
+from engagelake.store import staging
+
+MERGE = "/users/merge"
+
+# an email that changes between passes, a merge and a delete between staged passes, and
+# reads of each through the stages
+CHANGES_BETWEEN_PASSES = [
+    post_track(attributes=[{"external_id": "m1", "email": "first@example.com", "n": 1},
+                           {"external_id": "m2", "email": "two@example.com", "push_tokens": [
+                               {"app_id": "app", "token": "tok-2", "device_id": "dev-2"}]}],
+               events=[{"external_id": "m1", "name": "e", "time": "2026-11-20T00:00:00Z"},
+                       {"external_id": "m2", "name": "e", "time": "2026-11-21T00:00:00Z"}]),
+    post_export(email_address="first@example.com"),
+    post_track(attributes=[{"external_id": "m1", "email": "second@example.com", "n": {"inc": 2}}]),
+    post_export(email_address="first@example.com"),
+    post_export(email_address="second@example.com"),
+    {"method": "POST", "path": MERGE, "body": {"merge_updates": [
+        {"identifier_to_merge": {"external_id": "m2"}, "identifier_to_keep": {"external_id": "m1"}}]}},
+    post_export(external_ids=["m1", "m2"]),
+    post_track(events=[{"external_id": "m1", "name": "e", "time": "2026-11-22T00:00:00Z"}]),
+    post_export(external_ids=["m1"], device_id="dev-2"),
+    {"method": "POST", "path": "/users/delete", "body": {"external_ids": ["m1"]}},
+    post_export(external_ids=["m1"]),
+    post_track(attributes=[{"external_id": "m1", "email": "second@example.com"}]),
+    post_export(email_address="second@example.com"),
+]
+
+BATCHES = [IDENTITIES_AND_ATTRIBUTES, PUSH_AND_SUBSCRIPTIONS, EVENTS_AND_PURCHASES, CHANGES_BETWEEN_PASSES]
+
+
+@pytest.fixture
+def stage_counter(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Stage after every pass (passes of one request) and count the stages."""
+    monkeypatch.setattr(workspace, "STAGE_ROWS", 1)
+    monkeypatch.setattr(workspace, "TRACK_RUN_MAX", 1)
+    stages = [0]
+    add = staging.Stages.add
+
+    def counted(self: staging.Stages, *args: Any) -> None:
+        stages[0] += 1
+        add(self, *args)
+
+    monkeypatch.setattr(staging.Stages, "add", counted)
+    return stages
+
+
+@pytest.mark.parametrize("batch", BATCHES, ids=["identities", "push", "history", "between-passes"])
+def test_staged_passes_answer_and_end_as_held_ones(tmp_path: Path, batch: list[dict[str, Any]],
+                                                   stage_counter: list[int]) -> None:
+    staged_ws = open_ws(tmp_path, "staged")
+    staged = staged_ws.apply(batch)
+    assert stage_counter[0] >= 3  # the batch really went through stages
+    with pytest.MonkeyPatch.context() as held_mode:
+        held_mode.setattr(workspace, "STAGE_ROWS", 10**9)
+        held_ws = open_ws(tmp_path, "held")
+        held = held_ws.apply(batch)
+    assert staged == held
+    assert final_state(staged_ws) == final_state(held_ws)
+
+
+def test_between_passes_reads_see_the_staged_rows(tmp_path: Path, stage_counter: list[int]) -> None:
+    ws = open_ws(tmp_path)
+    got = ws.apply(CHANGES_BETWEEN_PASSES)
+    assert [r.status for r in got] == [201, 200, 201, 200, 200, 202, 200, 201, 200, 200, 200, 201, 200]
+    assert got[1].body["users"][0]["external_id"] == "m1"
+    assert got[3].body["users"] == []  # m1 moved to its second email in a later pass
+    assert got[4].body["users"][0]["custom_attributes"] == {"n": 3}
+    merged = got[6].body
+    assert [u["external_id"] for u in merged["users"]] == ["m1"] and merged["invalid_user_ids"] == ["m2"]
+    assert got[10].body["users"] == []  # deleted
+    # committed: the indexes found the final email, not the stale one
+    again = open_ws(tmp_path)
+    assert export_users(again, ["external_id"], email_address="second@example.com") == [{"external_id": "m1"}]
+    assert export_users(again, ["external_id"], email_address="first@example.com") == []
+
+
+def test_the_stages_folder_goes_with_the_batch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                               stage_counter: list[int]) -> None:
+    """Also when another writer commits first: the batch runs again, with stages of its own."""
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    ws, other = open_ws(tmp_path), open_ws(tmp_path)
+    commit, first = ws.store.commit, [True]
+
+    def another_writer_first(*args: Any, **kwargs: Any) -> None:
+        if first.pop() if first else False:
+            other.apply([post_track(attributes=[{"external_id": "other", "x": 1}])])
+        commit(*args, **kwargs)
+
+    monkeypatch.setattr(ws.store, "commit", another_writer_first)
+    got = ws.apply(IDENTITIES_AND_ATTRIBUTES)
+    stages = stage_counter[0]
+    assert stages >= 6  # two attempts
+    assert not list(tmp_path.glob("engagelake-stages-*"))
+    with pytest.MonkeyPatch.context() as held_mode:
+        held_mode.setattr(workspace, "STAGE_ROWS", 10**9)
+        alone = open_ws(tmp_path, "alone")
+        alone.apply([post_track(attributes=[{"external_id": "other", "x": 1}])])
+        assert alone.apply(IDENTITIES_AND_ATTRIBUTES) == got
