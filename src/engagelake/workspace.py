@@ -137,7 +137,9 @@ class _Batch:
         self.pending_kind = kind
         self.pending.append((i, text))
 
-    def flush(self) -> None:
+    def flush(self, *, last: bool = False) -> None:
+        """Apply the pending run as one pass (`last`: the batch's final pass, never staged:
+        the commit takes it from memory)."""
         if not self.pending:
             return
         pending, self.pending = self.pending, []
@@ -150,7 +152,8 @@ class _Batch:
                 self.responses[i] = Response(status, body)
             self.write(outcome.changes, next_profile_n=outcome.next_profile_n,
                        next_update_seq=outcome.next_update_seq)
-        self._stage_when_big()
+        if not last:
+            self._stage_when_big()
 
     def _stage_when_big(self) -> None:
         """Stage the changes held so far when they are many, and start the state again over
@@ -273,7 +276,7 @@ class Workspace:
                        batch_id=idempotency_key or uuid.uuid4().hex)
         try:
             body(batch)
-            batch.flush()
+            batch.flush(last=True)
             final = [r for r in batch.responses if r is not None]
             assert len(final) == n
             self.last_reads = batch.state.reads
