@@ -17,12 +17,15 @@ import tempfile
 from pathlib import Path
 
 import polars as pl
+import pyarrow as pa
+import pyarrow.ipc
 
 from engagelake.tables.changes import Changes
 from engagelake.tables.schema import KEYS, SCHEMAS
 from engagelake.tables.source import STAGED, RowSource
 
 STAGE = "_stage"  # the stage a staged row came from: a later stage's row of a key wins
+ROW = "_row"  # a staged row's place in its stage's file
 
 
 class Stages:
@@ -32,9 +35,10 @@ class Stages:
         self.folder = Path(tempfile.mkdtemp(prefix="engagelake-stages-"))
         self.count = 0
         self.files: dict[str, list[tuple[int, Path]]] = {}  # per table: (stage, file)
-        # keyed tables: each staged key with the stage of its newest row (tombstones included);
-        # keys only, so they stay small beside the rows
+        # keyed tables: each staged key with the stage and place of its newest row (tombstones
+        # included); keys only, so they stay small beside the rows
         self.newest: dict[str, pl.DataFrame] = {}
+        self._mapped: dict[tuple[str, int], pa.Table] = {}
         self.pairs: dict[str, list[Path]] = {}  # per index: pairs the store holds (see `add`)
 
     def add(self, changes: Changes, index_entries_stored: dict[str, pl.DataFrame]) -> None:
@@ -46,16 +50,16 @@ class Stages:
             rows, key = pl.concat(frames), KEYS[name]
             if key is not None:
                 rows = rows.unique(subset=list(key), keep="last", maintain_order=True)
-                staged = rows.select(*key, pl.lit(n, pl.Int32).alias(STAGE))
+                staged = rows.select(*key, pl.lit(n, pl.Int32).alias(STAGE)).with_row_index(ROW)
                 old = self.newest.get(name)
                 self.newest[name] = staged if old is None else pl.concat(
                     [old.join(staged, on=list(key), how="anti"), staged])
-            path = self.folder / f"{n:05d}-{name}.parquet"
-            rows.write_parquet(path, compression="lz4")
+            path = self.folder / f"{n:05d}-{name}.arrow"
+            rows.write_ipc(path, compression="uncompressed", compat_level=pl.CompatLevel.oldest())  # pyarrow takes from it
             self.files.setdefault(name, []).append((n, path))
         for index, pairs in index_entries_stored.items():
-            path = self.folder / f"{n:05d}-{index}.pairs.parquet"
-            pairs.write_parquet(path, compression="lz4")
+            path = self.folder / f"{n:05d}-{index}.pairs.arrow"
+            pairs.write_ipc(path, compression="uncompressed")
             self.pairs.setdefault(index, []).append(path)
 
     def rows(self, name: str) -> pl.LazyFrame | None:
@@ -63,16 +67,32 @@ class Stages:
         files = self.files.get(name)
         if not files:
             return None
-        return pl.concat([pl.scan_parquet(path).with_columns(pl.lit(n, pl.Int32).alias(STAGE)) for n, path in files])
+        return pl.concat([pl.scan_ipc(path).with_columns(pl.lit(n, pl.Int32).alias(STAGE)) for n, path in files])
+
+    def gather(self, name: str, places: pl.DataFrame) -> pl.DataFrame:
+        """The staged rows of `name` at `places` (`STAGE`, `ROW`), from the memory-mapped files:
+        only the rows taken are copied."""
+        parts = []
+        for (n,), rows in places.group_by(STAGE):
+            assert isinstance(n, int)
+            if (name, n) not in self._mapped:
+                source = pa.memory_map(str(self.folder / f"{n:05d}-{name}.arrow"))
+                self._mapped[(name, n)] = pa.ipc.open_file(source).read_all()
+            taken = pl.from_arrow(self._mapped[(name, n)].take(rows[ROW].to_arrow()))
+            assert isinstance(taken, pl.DataFrame)
+            parts.append(taken)
+        schema = {**SCHEMAS[name], "_deleted": pl.Boolean()}
+        return pl.concat(parts, how="vertical_relaxed") if parts else pl.DataFrame(schema=schema)
 
     def changes(self) -> Changes:
         """Everything staged, in stage order, read when the commit merges its table."""
-        return Changes(earlier={name: [pl.scan_parquet(path) for _, path in files] for name, files in self.files.items()})
+        return Changes(earlier={name: [pl.scan_ipc(path) for _, path in files] for name, files in self.files.items()})
 
     def index_entries_stored(self) -> dict[str, list[pl.DataFrame]]:
-        return {index: [pl.read_parquet(path) for path in paths] for index, paths in self.pairs.items()}
+        return {index: [pl.read_ipc(path) for path in paths] for index, paths in self.pairs.items()}
 
     def remove(self) -> None:
+        self._mapped.clear()
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
@@ -91,7 +111,7 @@ class StagedSource:
         key = KEYS[name]
         if key is None:  # a log: every row, in stage order
             return rows.sort(STAGE, maintain_order=True).drop(STAGE, "_deleted")
-        newest = self.stages.newest[name].lazy()
+        newest = self.stages.newest[name].lazy().drop(ROW)
         return (rows.join(newest, on=[*key, STAGE], how="semi")
                 .filter(~pl.col("_deleted")).drop(STAGE, "_deleted"))
 
@@ -107,11 +127,15 @@ class StagedSource:
         if staged is None:
             return self.base.probe(name, column, values, held)
         key = KEYS[name]
-        if key is not None:  # the store need not read the keys the batch staged
+        if key is not None and column not in key:  # a secondary probe need not read staged keys
             keys = self.stages.newest[name].select(key)
             held = keys if held is None else pl.concat([held.select(key), keys])
         stored = self._stored(name, self.base.probe(name, column, values, held).lazy()).collect()
-        mine = self._current(name, staged.filter(pl.col(column).is_in(values.implode()))).collect()
+        if key is not None and column in key:  # the newest staged rows by their places
+            places = self.stages.newest[name].filter(pl.col(column).is_in(values.implode()))
+            mine = self.stages.gather(name, places).filter(~pl.col("_deleted")).drop("_deleted")
+        else:
+            mine = self._current(name, staged.filter(pl.col(column).is_in(values.implode()))).collect()
         return pl.concat([stored.with_columns(pl.lit(False).alias(STAGED)),
                           mine.select(list(SCHEMAS[name])).with_columns(pl.lit(True).alias(STAGED))],
                          how="vertical_relaxed")
