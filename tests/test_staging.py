@@ -3,6 +3,7 @@ answers and ends exactly as one that holds them in memory."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -116,3 +117,31 @@ def test_the_stages_folder_goes_with_the_batch(tmp_path: Path, monkeypatch: pyte
         alone = open_ws(tmp_path, "alone")
         alone.apply([post_track(attributes=[{"external_id": "other", "x": 1}])])
         assert alone.apply(IDENTITIES_AND_ATTRIBUTES) == got
+
+
+def test_a_generator_is_read_once_as_the_batch_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                    stage_counter: list[int]) -> None:
+    """`apply` takes a generator lazily: earlier passes ran (and staged) before later requests
+    were drawn; a retry after another writer's commit replays what was read."""
+    stages_seen: list[int] = []
+
+    def requests() -> Iterator[dict[str, Any]]:
+        for request in CHANGES_BETWEEN_PASSES:
+            stages_seen.append(stage_counter[0])
+            yield request
+
+    ws, other = open_ws(tmp_path), open_ws(tmp_path)
+    commit, first = ws.store.commit, [True]
+
+    def another_writer_first(*args: Any, **kwargs: Any) -> None:
+        if first.pop() if first else False:
+            other.apply([post_track(attributes=[{"external_id": "other", "x": 1}])])
+        commit(*args, **kwargs)
+
+    monkeypatch.setattr(ws.store, "commit", another_writer_first)
+    got = ws.apply(requests())
+    assert len(stages_seen) == len(CHANGES_BETWEEN_PASSES)  # drawn once, though the batch ran twice
+    assert stages_seen[-1] > stages_seen[0]  # passes ran between the draws
+    alone = open_ws(tmp_path, "alone")
+    alone.apply([post_track(attributes=[{"external_id": "other", "x": 1}])])
+    assert alone.apply(CHANGES_BETWEEN_PASSES) == got

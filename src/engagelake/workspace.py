@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import re
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -77,6 +77,21 @@ class _Bad(Exception):
         self.response = Response(status, {"message": message})
 
 
+# One request as a batch keeps it: (endpoint, routed request, body as JSON text), or the
+# error response of a request that routes nowhere. The bulk endpoints keep only the text.
+Routed = tuple[str | Handler | None, Request | None, str | Response]
+
+
+def _routed(request: Any) -> Routed:
+    try:
+        endpoint, routed, text = _route(request)
+    except _Bad as bad:
+        return None, None, bad.response
+    if isinstance(endpoint, str) and endpoint != "export":
+        return endpoint, None, text  # its dicts go: a pass reads the text
+    return endpoint, routed, text
+
+
 def _route(request: Any) -> tuple[str | Handler, Request, str]:
     """(endpoint, routed request, body as JSON text) of one request, or raise _Bad."""
     if not isinstance(request, dict) or not isinstance(request.get("path"), str):
@@ -104,13 +119,13 @@ class _Batch:
     """One `apply`: the evolving state, the changes to commit, the responses so far. Runs of
     consecutive track requests (and of same-kind identity requests) are applied as one pass."""
 
-    def __init__(self, state: State, n: int, *, clock: datetime, seed: str, batch_id: str):
+    def __init__(self, state: State, *, clock: datetime, seed: str, batch_id: str):
         self.state = state
         self.clock = clock
         self.seed = seed
         self.batch_id = batch_id  # names the batch in lineage rows
         self.changes = Changes()
-        self.responses: list[Response | None] = [None] * n
+        self.responses: list[Response | None] = []  # one per request, as they come
         self.pending: list[tuple[int, str]] = []
         self.pending_kind = "track"
         self.stages: Stages | None = None
@@ -246,22 +261,33 @@ class Workspace:
         return self.apply([{"method": method, "path": path, "body": body, "query": query}])[0]
 
     def apply(self, requests: Iterable[dict[str, Any]], *, idempotency_key: str | None = None) -> list[Response]:
-        """Apply many requests in order, as one atomic batch; same result as one by one."""
-        requests = list(requests)
+        """Apply many requests in order, as one atomic batch; same result as one by one.
+
+        `requests` may be any iterable, a generator too: it is read once, as the batch runs,
+        and the batch keeps each track or identity request as its JSON text only (a retry after
+        another writer's commit replays those), so a big batch need not exist as dicts."""
+        source = iter(requests)
+        seen: list[Routed] = []
+
+        def routed() -> Iterator[Routed]:
+            yield from list(seen)  # a retry replays what the first attempt read
+            for request in source:
+                seen.append(_routed(request))
+                yield seen[-1]
 
         def attempt() -> list[Response]:
             if idempotency_key is not None:
                 stored = self.store.find_batch(idempotency_key)
                 if stored is not None:
                     return [Response(s, b) for s, b in stored]
-            return self._run_batch(lambda batch: self._dispatch(batch, requests), len(requests), idempotency_key)
+            return self._run_batch(lambda batch: self._dispatch(batch, routed()), idempotency_key)
 
         return self._retrying(attempt)
 
     def write(self, build: Callable[[Context], None]) -> None:
         """Run `build(ctx)` as a batch of its own (library-level loaders: directories, catalog
         definitions, campaigns): it reads `ctx.state` and writes with `ctx.write(changes)`."""
-        self._retrying(lambda: self._run_batch(build, 0, None))
+        self._retrying(lambda: self._run_batch(build, None))
 
     def _retrying(self, attempt: Callable[[], list[Response]]) -> list[Response]:
         for _ in range(3):  # another writer may commit between our read and our commit
@@ -271,14 +297,14 @@ class Workspace:
                 continue
         raise StoreError(f"the store at {self.store.uri} kept changing under this batch; retry later")
 
-    def _run_batch(self, body: Callable[[_Batch], None], n: int, idempotency_key: str | None) -> list[Response]:
-        batch = _Batch(self.state, n, clock=self.clock(), seed=self.store.head.seed,
+    def _run_batch(self, body: Callable[[_Batch], None], idempotency_key: str | None) -> list[Response]:
+        batch = _Batch(self.state, clock=self.clock(), seed=self.store.head.seed,
                        batch_id=idempotency_key or uuid.uuid4().hex)
         try:
             body(batch)
             batch.flush(last=True)
             final = [r for r in batch.responses if r is not None]
-            assert len(final) == n
+            assert len(final) == len(batch.responses)
             self.last_reads = batch.state.reads
             changes, index_entries_stored = batch.to_commit()
             if changes or idempotency_key is not None:
@@ -291,17 +317,17 @@ class Workspace:
             batch.close()
         return final
 
-    def _dispatch(self, batch: _Batch, requests: list[dict[str, Any]]) -> None:
-        for i, request in enumerate(requests):
-            try:
-                endpoint, routed, text = _route(request)
-            except _Bad as bad:
-                batch.responses[i] = bad.response
+    def _dispatch(self, batch: _Batch, requests: Iterable[Routed]) -> None:
+        for i, (endpoint, routed, text) in enumerate(requests):
+            batch.responses.append(None)
+            if isinstance(text, Response):  # routed nowhere
+                batch.responses[i] = text
                 continue
             if isinstance(endpoint, str) and endpoint != "export":
                 batch.add(i, endpoint, text)
                 continue
             batch.flush()
+            assert routed is not None
             if endpoint == "export":
                 status, out = export_ids(batch.state, routed.body, batch.clock, fields_required=self.fields_required)
                 batch.responses[i] = Response(status, out)
