@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import multiprocessing
 import os
 import resource
 import shutil
@@ -36,7 +37,8 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -393,6 +395,28 @@ def build_store(path: Path, users: int, chunk: int, rng: np.random.Generator, la
             "profiles": profiles, "bad_responses": bad}
 
 
+def p1_input(objects: int, existing: int, next_new: int, rng_state: Mapping[str, Any],
+             apply_objects: int) -> dict[str, Any]:
+    """P1's requests as NDJSON lines, with their counts (run in a child process)."""
+    rng = np.random.default_rng()
+    rng.bit_generator.state = rng_state
+    ids = IdSpace(existing)
+    ids.next_new = next_new
+    t = time.perf_counter()
+    requests = mixed_requests(objects, ids, rng)
+    generation_s = time.perf_counter() - t
+    sample = requests[:: max(1, len(requests) // 200)]
+    return {
+        "lines": [orjson.dumps(r) for r in requests], "generation_s": generation_s,
+        "objects": count_objects(requests),
+        "kinds": {k: sum(len(r["body"].get(k, ())) for r in requests) for k in KIND_NAMES},
+        "dicts_bytes": deep_size(sample) * len(requests) // max(len(sample), 1),  # estimate
+        "groups": ([len(g) for g in split_by_objects(requests, apply_objects)] if apply_objects
+                   else [len(requests)]),
+        "rng_state": rng.bit_generator.state, "next_new": ids.next_new,
+    }
+
+
 def io_floor(requests: list[dict[str, Any]], rows: dict[str, int], folder: Path) -> dict[str, Any]:
     """Raw I/O floor: bodies -> NDJSON file -> Polars read (with the generator's known schema)
     -> Parquet with the engine's row count.
@@ -501,24 +525,19 @@ def main() -> None:
 
     # P1 ---------------------------------------------------------------------------------------
     ids = IdSpace(args.users)
-    p1_rng_state = rng.bit_generator.state  # the I/O floor regenerates the same requests
-    t = time.perf_counter()
-    p1_requests = mixed_requests(args.objects, ids, rng)
-    gen_s = time.perf_counter() - t
-    n_objects = count_objects(p1_requests)
-    n_requests = len(p1_requests)
-    kinds = {k: sum(len(r["body"].get(k, ())) for r in p1_requests) for k in KIND_NAMES}
-    sample = p1_requests[:: max(1, len(p1_requests) // 200)]
-    input_rss = deep_size(sample) * len(p1_requests) // max(len(sample), 1)  # estimate
-    groups = ([len(g) for g in split_by_objects(p1_requests, args.apply_objects)] if args.apply_objects
-              else [len(p1_requests)])
+    p1_rng_state, p1_next_new = rng.bit_generator.state, ids.next_new  # the I/O floor regenerates them
+    # the input as a landing file holds it: NDJSON lines, decoded one request at a time as the
+    # engine draws them (`apply` takes a generator). A child process makes them, so that the
+    # dicts' freed memory does not stay in this process's RSS.
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as child:
+        p1 = child.submit(p1_input, args.objects, args.users, ids.next_new, p1_rng_state, args.apply_objects).result()
+    lines, gen_s, n_objects, kinds, input_rss, groups = (
+        p1["lines"], p1["generation_s"], p1["objects"], p1["kinds"], p1["dicts_bytes"], p1["groups"])
+    rng.bit_generator.state, ids.next_new = p1["rng_state"], p1["next_new"]  # as if drawn here
+    n_requests = len(lines)
+    input_bytes = sum(map(len, lines))
     mode = (f"{len(groups)} applies of ~{args.apply_objects:,} objects" if args.apply_objects
             else "one ws.apply")
-    # the input as a landing file holds it: NDJSON lines, decoded one request at a time as the
-    # engine draws them (`apply` takes a generator), not a list of dicts held through P1
-    lines = [orjson.dumps(r) for r in p1_requests]
-    input_bytes = sum(map(len, lines))
-    del p1_requests, sample
     console.print(f"[bold]P1[/bold]: {n_objects:,} objects in {n_requests:,} requests "
                   f"({', '.join(f'{v:,} {k}' for k, v in kinds.items())}), {mode}; "
                   f"generation {gen_s:.2f} s; input held as NDJSON lines, {mib(input_bytes)} "
@@ -559,9 +578,9 @@ def main() -> None:
     console.print(f"  RSS: VmRSS before P1 {mib(rss.baseline)}, peak during P1 {mib(rss.peak)} "
                   f"(delta {mib(rss.delta)}); ru_maxrss {mib(max_rss())}")
     del lines
-    rng_again = np.random.default_rng()
-    rng_again.bit_generator.state = p1_rng_state
-    floor = io_floor(mixed_requests(args.objects, ids, rng_again), appended, out / "floor")
+    rng_again, ids_again = np.random.default_rng(), IdSpace(args.users)
+    rng_again.bit_generator.state, ids_again.next_new = p1_rng_state, p1_next_new
+    floor = io_floor(mixed_requests(args.objects, ids_again, rng_again), appended, out / "floor")
     ratio = p1_s / floor["seconds"]
     console.print(f"  I/O floor: {floor['seconds']:.2f} s (write NDJSON {floor['write_ndjson_s']:.2f} s, "
                   f"{floor['ndjson_bytes'] / 1024**2:,.0f} MiB; read with Polars {floor['read_ndjson_s']:.2f} s; "

@@ -3,6 +3,9 @@ answers and ends exactly as one that holds them in memory."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -145,3 +148,18 @@ def test_a_generator_is_read_once_as_the_batch_runs(tmp_path: Path, monkeypatch:
     alone = open_ws(tmp_path, "alone")
     alone.apply([post_track(attributes=[{"external_id": "other", "x": 1}])])
     assert alone.apply(CHANGES_BETWEEN_PASSES) == got
+
+
+def test_a_killed_batch_leaves_a_folder_that_the_next_stage_removes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                     stage_counter: list[int]) -> None:
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # a process ID nobody holds now
+    dead = tmp_path / f"{staging.PREFIX}{gone.pid}-abc"
+    live = tmp_path / f"{staging.PREFIX}{os.getpid()}-def"  # this process: maybe another batch's
+    for folder in (dead, live):
+        folder.mkdir()
+        (folder / "00000-profiles.arrow").write_bytes(b"")
+    open_ws(tmp_path).apply(IDENTITIES_AND_ATTRIBUTES)
+    assert stage_counter[0] >= 3
+    assert not dead.exists() and live.exists()

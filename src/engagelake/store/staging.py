@@ -3,15 +3,17 @@
 Held in memory until the commit, a batch's rows fragment the heap: a 1M-object batch into 1M
 users held about 95 MiB more live rows per pass of 200k objects, and its process 400-450 MiB
 more RSS (`docs/performance.md`). So once a batch holds enough changed rows, the workspace
-stages them: each table's rows of the passes so far (the newest per key) go to one Parquet
+stages them: each table's rows of the passes so far (the newest per key) go to one Arrow IPC
 file of a temporary folder, and the batch state starts again over `StagedSource`, the store
-snapshot overlaid with the staged rows. Probes read back only the staged rows they need. The
-commit reads every stage back in order and writes the batch as one (the store never sees a
-stage); a process killed mid-batch leaves only its temporary folder.
+snapshot overlaid with the staged rows. Probes by key take back only the staged rows they
+need, by their place in the memory-mapped files. The commit reads every stage back in order,
+one table at a time, and writes the batch as one (the store never sees a stage). A process
+killed mid-batch leaves only its temporary folder, which the next batch that stages removes.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -24,6 +26,7 @@ from engagelake.tables.changes import Changes
 from engagelake.tables.schema import KEYS, SCHEMAS
 from engagelake.tables.source import STAGED, RowSource
 
+PREFIX = "engagelake-stages-"  # then the owner's process ID
 STAGE = "_stage"  # the stage a staged row came from: a later stage's row of a key wins
 ROW = "_row"  # a staged row's place in its stage's file
 
@@ -32,7 +35,8 @@ class Stages:
     """The stages of one batch, oldest first, in a temporary folder of their own."""
 
     def __init__(self) -> None:
-        self.folder = Path(tempfile.mkdtemp(prefix="engagelake-stages-"))
+        _sweep_dead()
+        self.folder = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-"))
         self.count = 0
         self.files: dict[str, list[tuple[int, Path]]] = {}  # per table: (stage, file)
         # keyed tables: each staged key with the stage and place of its newest row (tombstones
@@ -55,7 +59,8 @@ class Stages:
                 self.newest[name] = staged if old is None else pl.concat(
                     [old.join(staged, on=list(key), how="anti"), staged])
             path = self.folder / f"{n:05d}-{name}.arrow"
-            rows.write_ipc(path, compression="uncompressed", compat_level=pl.CompatLevel.oldest())  # pyarrow takes from it
+            # uncompressed, to be memory-mapped; plain strings, which pyarrow can take rows from
+            rows.write_ipc(path, compression="uncompressed", compat_level=pl.CompatLevel.oldest())
             self.files.setdefault(name, []).append((n, path))
         for index, pairs in index_entries_stored.items():
             path = self.folder / f"{n:05d}-{index}.pairs.arrow"
@@ -94,6 +99,20 @@ class Stages:
     def remove(self) -> None:
         self._mapped.clear()
         shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def _sweep_dead() -> None:
+    """Remove the stage folders of processes that died mid-batch (killed, or out of memory)."""
+    for folder in Path(tempfile.gettempdir()).glob(f"{PREFIX}*-*"):
+        pid = folder.name.removeprefix(PREFIX).split("-", 1)[0]
+        if not pid.isdigit():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(folder, ignore_errors=True)
+        except PermissionError:  # another user's live process
+            continue
 
 
 class StagedSource:
