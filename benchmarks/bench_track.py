@@ -395,6 +395,12 @@ def build_store(path: Path, users: int, chunk: int, rng: np.random.Generator, la
             "profiles": profiles, "bad_responses": bad}
 
 
+def table_rows(store: str) -> dict[str, int]:
+    """Current rows of every table (run in a child process: counting reads every key)."""
+    ws = Workspace.open(store)
+    return {name: int(ws.table(name).select(pl.len()).collect().item()) for name in ws.table_names()}
+
+
 def p1_input(objects: int, existing: int, next_new: int, rng_state: Mapping[str, Any],
              apply_objects: int) -> dict[str, Any]:
     """P1's requests as NDJSON lines, with their counts (run in a child process)."""
@@ -546,7 +552,8 @@ def main() -> None:
     batch_before = ws.store.head.batch_no
     ws.store.wait_for_merges()  # the load's merges are not P1's
     ws.store.merges.clear()
-    heights_before = {n: ws.table(n).collect().height for n in ws.table_names()}
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as child:
+        heights_before = child.submit(table_rows, str(out / "big")).result()
     gc.collect()
     p1_responses: list[Response] = []
     with RssSampler() as rss:

@@ -49,7 +49,22 @@ CHANGES_BETWEEN_PASSES = [
     post_export(email_address="second@example.com"),
 ]
 
-BATCHES = [IDENTITIES_AND_ATTRIBUTES, PUSH_AND_SUBSCRIPTIONS, EVENTS_AND_PURCHASES, CHANGES_BETWEEN_PASSES]
+# resource endpoints between staged passes read their (whole, small) tables through the stages
+CATALOG = {"catalogs": [{"name": "shops", "description": "Shops", "fields": [
+    {"name": "id", "type": "string"}, {"name": "Rating", "type": "number"}]}]}
+RESOURCES_BETWEEN_PASSES = [
+    post_track(attributes=[{"external_id": "r1", "n": 1}]),
+    {"method": "POST", "path": "/catalogs", "body": CATALOG},
+    post_track(attributes=[{"external_id": "r1", "n": {"inc": 1}}]),
+    {"method": "POST", "path": "/catalogs", "body": CATALOG},  # taken now
+    {"method": "PUT", "path": "/catalogs/shops/items", "body": {"items": [{"id": "s1", "Rating": 4}]}},
+    post_track(attributes=[{"external_id": "r2", "n": 2}]),
+    {"method": "GET", "path": "/catalogs", "body": None},
+    post_export(external_ids=["r1", "r2"]),
+]
+
+BATCHES = [IDENTITIES_AND_ATTRIBUTES, PUSH_AND_SUBSCRIPTIONS, EVENTS_AND_PURCHASES, CHANGES_BETWEEN_PASSES,
+           RESOURCES_BETWEEN_PASSES]
 
 
 @pytest.fixture
@@ -68,7 +83,7 @@ def stage_counter(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return stages
 
 
-@pytest.mark.parametrize("batch", BATCHES, ids=["identities", "push", "history", "between-passes"])
+@pytest.mark.parametrize("batch", BATCHES, ids=["identities", "push", "history", "between-passes", "resources"])
 def test_staged_passes_answer_and_end_as_held_ones(tmp_path: Path, batch: list[dict[str, Any]],
                                                    stage_counter: list[int]) -> None:
     staged_ws = open_ws(tmp_path, "staged")
