@@ -153,8 +153,8 @@ class _Batch:
         self.pending.append((i, text))
 
     def flush(self, *, last: bool = False) -> None:
-        """Apply the pending run as one pass (`last`: the batch's final pass, never staged:
-        the commit takes it from memory)."""
+        """Apply the pending run as one pass (`last`: the batch's final pass, which
+        `to_commit` stages or not)."""
         if not self.pending:
             return
         pending, self.pending = self.pending, []
@@ -176,24 +176,28 @@ class _Batch:
         held = sum(frame.height for frames in self.changes.parts.values() for frame in frames)
         if held < STAGE_ROWS or self.stored is None:
             return
+        self._stage()
+
+    def _stage(self) -> None:
         if self.stages is None:
             self.stages = Stages()
         self.stages.add(self.changes, self.state.index_entries_stored())
         self.changes = Changes()
+        assert self.stored is not None
         self.state = State.over(StagedSource(self.stored, self.stages), next_profile_n=self.state.next_profile_n,
                                 next_update_seq=self.state.next_update_seq, reads=self.state.reads)
 
-    def to_commit(self) -> tuple[Changes, dict[str, pl.DataFrame]]:
-        """Every change of the batch, staged ones first, and the index entries the store holds
-        already (those of the stored rows read)."""
+    def to_commit(self) -> tuple[Changes, dict[str, pl.DataFrame], Stages | None]:
+        """Every change of the batch: those in memory, those staged (a batch that staged
+        stages its last pass too, so that the commit streams its big tables from the files),
+        and the index entries the store holds already (those of the stored rows read)."""
         if self.stages is None:
-            return self.changes, self.state.index_entries_stored()
-        changes = self.stages.changes()
-        changes.extend(self.changes)
+            return self.changes, self.state.index_entries_stored(), None
+        if self.changes:
+            self._stage()
         pairs = self.stages.index_entries_stored()
-        for index, frame in self.state.index_entries_stored().items():
-            pairs.setdefault(index, []).append(frame)
-        return changes, {index: pl.concat(frames) for index, frames in pairs.items()}
+        return (self.stages.changes(), {index: pl.concat(frames) for index, frames in pairs.items()},
+                self.stages)
 
     def close(self) -> None:
         if self.stages is not None:
@@ -306,12 +310,12 @@ class Workspace:
             final = [r for r in batch.responses if r is not None]
             assert len(final) == len(batch.responses)
             self.last_reads = batch.state.reads
-            changes, index_entries_stored = batch.to_commit()
-            if changes or idempotency_key is not None:
+            changes, index_entries_stored, staged = batch.to_commit()
+            if changes or staged is not None or idempotency_key is not None:
                 self.store.commit(
                     changes, key=idempotency_key, responses=[[r.status, r.body] for r in final],
                     next_profile_n=batch.state.next_profile_n, next_update_seq=batch.state.next_update_seq,
-                    index_entries_stored=index_entries_stored,
+                    index_entries_stored=index_entries_stored, staged=staged,
                 )
         finally:
             batch.close()

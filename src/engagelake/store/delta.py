@@ -21,10 +21,11 @@ import signal
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
@@ -62,6 +63,8 @@ from engagelake.tables.schema import (
 if TYPE_CHECKING:
     import duckdb  # imported where used: a process that only reads never loads it
 
+    from engagelake.store.staging import Stages
+
 LEDGER = "_ledger"
 LEDGER_SCHEMA = {
     "batch_no": pl.Int64(),
@@ -97,6 +100,22 @@ def _stored_schema(name: str) -> dict[str, pl.DataType]:
 def _arrow_schema(name: str) -> pa.Schema:
     """The stored schema as Arrow writes it (what DuckDB's batches are cast to)."""
     return pl.DataFrame(schema=_stored_schema(name)).to_arrow().schema
+
+
+def _batch_rows(name: str, ups: pl.DataFrame | None, dels: pl.DataFrame | None, batch_no: int) -> pl.DataFrame:
+    """A batch's rows of one table as stored: upserts, then tombstones of deleted keys."""
+    parts = []
+    if ups is not None:
+        parts.append(ups.with_columns(_batch=pl.lit(batch_no, pl.Int64), _deleted=pl.lit(False)))
+    if dels is not None:
+        parts.append(dels.with_columns(_batch=pl.lit(batch_no, pl.Int64), _deleted=pl.lit(True)))
+    return pl.concat(parts, how="diagonal_relaxed").select(
+        [pl.col(c).cast(t) if c in parts[0].columns or c in parts[-1].columns else pl.lit(None).cast(t).alias(c)
+         for c, t in _stored_schema(name).items()])
+
+
+def _columns(rows: pl.DataFrame | None, columns: list[str]) -> pl.DataFrame | None:
+    return None if rows is None else rows.select(columns)
 
 
 @dataclass(frozen=True)
@@ -298,13 +317,16 @@ class DeltaStore:
         return orjson.loads(table.column("responses")[0].as_py()) if table.num_rows else None
 
     def commit(self, changes: Changes, *, key: str | None, responses: list[Any], next_profile_n: int,
-               next_update_seq: int, index_entries_stored: dict[str, pl.DataFrame] | None = None) -> None:
+               next_update_seq: int, index_entries_stored: dict[str, pl.DataFrame] | None = None,
+               staged: Stages | None = None) -> None:
         """Write one batch: every table's rows, then the ledger row that makes them visible.
         Raises StaleStoreError when another writer committed a batch since this one read the
         store (merges and compactions since then change no content: the batch still holds).
         Tables that now hold too many runs are merged afterwards (`merge_runs`).
         `index_entries_stored` names index entries the store holds already (those of stored
-        rows the batch read): they are not written again."""
+        rows the batch read): they are not written again. `staged` holds the batch's staged
+        changes besides `changes`: its sorted tables stream from the stage files into their
+        runs, the others come through `changes` (`Stages.changes`)."""
         self.wait_for_merges()
         base = self.head.content_batch
         with self._writer_lock():
@@ -313,7 +335,8 @@ class DeltaStore:
                 raise StaleStoreError(f"the store at {self.uri} changed since this batch read it")
             self._recover()
             self._write_batch(changes, key=key, responses=responses, next_profile_n=next_profile_n,
-                              next_update_seq=next_update_seq, index_entries_stored=index_entries_stored or {})
+                              next_update_seq=next_update_seq, index_entries_stored=index_entries_stored or {},
+                              staged=staged)
         if self._merge_due:
             self._start_merges()
 
@@ -375,27 +398,30 @@ class DeltaStore:
         return merged
 
     def _write_batch(self, changes: Changes, *, key: str | None, responses: list[Any], next_profile_n: int,
-                     next_update_seq: int, index_entries_stored: dict[str, pl.DataFrame]) -> None:
+                     next_update_seq: int, index_entries_stored: dict[str, pl.DataFrame],
+                     staged: Stages | None) -> None:
         batch_no = self.head.batch_no + 1
         versions = dict(self.head.versions)
+        streamed = staged.streamed() if staged is not None else set()
         _failpoint("before_tables")
         entries: dict[str, pl.DataFrame] = {}  # per index: the new (value, key) pairs
-        for name, (ups, dels) in changes.merged_tables():  # one table's rows in memory at a time
-            parts = []
-            if ups is not None:
-                parts.append(ups.with_columns(_batch=pl.lit(batch_no, pl.Int64), _deleted=pl.lit(False)))
-            if dels is not None:
-                parts.append(dels.with_columns(_batch=pl.lit(batch_no, pl.Int64), _deleted=pl.lit(True)))
-            rows = pl.concat(parts, how="diagonal_relaxed").select(
-                [pl.col(c).cast(t) if c in parts[0].columns or c in parts[-1].columns else pl.lit(None).cast(t).alias(c)
-                 for c, t in _stored_schema(name).items()]
-            )
-            self._write_rows(name, rows, versions)
+        for name in TABLES:  # a fixed table order: the commit's failpoints depend on it
+            upserted: Callable[[list[str]], pl.DataFrame | None]
+            if name in streamed:  # streamed from the stages: never whole in memory
+                assert staged is not None
+                self._write_rows(name, staged.stream(name, batch_no, _arrow_schema(name)), versions)
+                upserted = partial(staged.upserted, name)
+            elif (merged := changes.merged_table(name)) is not None:  # one table in memory at a time
+                ups, dels = merged
+                self._write_rows(name, _batch_rows(name, ups, dels, batch_no), versions)
+                upserted = partial(_columns, ups)
+            else:
+                continue
             for index, (table, column) in INDEXES.items():
                 # an index exists from the store's creation (or a compaction) on: older stores
                 # scan the column until compaction builds it
-                if table == name and ups is not None and index in versions:
-                    new = ups.filter(pl.col(column).is_not_null()).select(list(SCHEMAS[index])).unique()
+                if table == name and index in versions and (rows := upserted(list(SCHEMAS[index]))) is not None:
+                    new = rows.filter(pl.col(column).is_not_null()).unique()
                     held = index_entries_stored.get(index)
                     if held is not None and held.height:  # a row rewritten with the same value
                         new = new.join(held, on=list(SCHEMAS[index]), how="anti")
@@ -410,13 +436,14 @@ class DeltaStore:
         _failpoint("after_ledger")
         self.head = Head(batch_no, versions, next_profile_n, next_update_seq, self.head.seed, content_batch=batch_no)
 
-    def _write_rows(self, name: str, rows: pl.DataFrame, versions: dict[str, int]) -> None:
-        """Append a batch's rows of one table as a sorted run; note the table's new version."""
+    def _write_rows(self, name: str, rows: pl.DataFrame | pa.RecordBatchReader, versions: dict[str, int]) -> None:
+        """Append a batch's rows of one table as a sorted run (a reader's rows come sorted);
+        note the table's new version."""
         if name not in versions and not DeltaTable.is_deltatable(self._path(name)):
             self._create_table(name)
-        rows = sort_for_write(name, rows, KEYS[name])
+        data = sort_for_write(name, rows, KEYS[name]).to_arrow() if isinstance(rows, pl.DataFrame) else rows
         table = DeltaTable(self._path(name))  # loaded once: the write moves it to its new version
-        write_deltalake(table, rows.to_arrow(), mode="append", writer_properties=WRITER)
+        write_deltalake(table, data, mode="append", writer_properties=WRITER)
         versions[name] = table.version()
         if name in SORT_BY and self._merge_plan(self._runs_of(table, name)):
             self._merge_due.add(name)

@@ -16,12 +16,14 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import polars as pl
 import pyarrow as pa
 import pyarrow.ipc
 
+from engagelake.store.runs import SORT_BY, sort_order
 from engagelake.tables.changes import Changes
 from engagelake.tables.schema import KEYS, SCHEMAS
 from engagelake.tables.source import STAGED, RowSource
@@ -29,6 +31,8 @@ from engagelake.tables.source import STAGED, RowSource
 PREFIX = "engagelake-stages-"  # then the owner's process ID
 STAGE = "_stage"  # the stage a staged row came from: a later stage's row of a key wins
 ROW = "_row"  # a staged row's place in its stage's file
+POS = "_pos"  # a gathered row's place in the order asked for
+STREAM_ROWS = 65_536  # rows per Arrow batch the commit writes
 
 
 class Stages:
@@ -50,6 +54,8 @@ class Stages:
         index entries of the stored rows read so far (the commit leaves those out)."""
         n = self.count
         self.count += 1
+        # unmapped, the pages a pass touched stop counting in the process's memory
+        self._mapped.clear()
         for name, frames in changes.parts.items():
             rows, key = pl.concat(frames), KEYS[name]
             if key is not None:
@@ -75,23 +81,67 @@ class Stages:
         return pl.concat([pl.scan_ipc(path).with_columns(pl.lit(n, pl.Int32).alias(STAGE)) for n, path in files])
 
     def gather(self, name: str, places: pl.DataFrame) -> pl.DataFrame:
-        """The staged rows of `name` at `places` (`STAGE`, `ROW`), from the memory-mapped files:
-        only the rows taken are copied."""
+        """The staged rows of `name` at `places` (`STAGE`, `ROW`), in the order of `places`,
+        from the memory-mapped files: only the rows taken are copied."""
         parts = []
-        for (n,), rows in places.group_by(STAGE):
+        for (n,), rows in places.with_row_index(POS).group_by(STAGE):
             assert isinstance(n, int)
             if (name, n) not in self._mapped:
                 source = pa.memory_map(str(self.folder / f"{n:05d}-{name}.arrow"))
                 self._mapped[(name, n)] = pa.ipc.open_file(source).read_all()
             taken = pl.from_arrow(self._mapped[(name, n)].take(rows[ROW].to_arrow()))
             assert isinstance(taken, pl.DataFrame)
-            parts.append(taken)
-        schema = {**SCHEMAS[name], "_deleted": pl.Boolean()}
-        return pl.concat(parts, how="vertical_relaxed") if parts else pl.DataFrame(schema=schema)
+            parts.append(taken.with_columns(rows[POS]))
+        if not parts:
+            return pl.DataFrame(schema={**SCHEMAS[name], "_deleted": pl.Boolean()})
+        return pl.concat(parts, how="vertical_relaxed").sort(POS).drop(POS)
+
+    # --- what the commit takes from the stages ---------------------------------------------------
+    def streamed(self) -> set[str]:
+        """The staged tables the commit streams in their files' order (the sorted ones); the
+        others are small and go through `changes()`."""
+        return {name for name in self.files if name in SORT_BY}
+
+    def stream(self, name: str, batch_no: int, schema: pa.Schema) -> pa.RecordBatchReader:
+        """The rows the commit writes of a streamed table: for a keyed table each key's newest
+        row (tombstones included), for a log every row; sorted as its files keep them, in
+        batches of `STREAM_ROWS` rows cast to `schema` (the stored one, with `_batch`). Only
+        the places are sorted in memory; each batch's rows are taken from the files as it goes."""
+        order = sort_order(name, KEYS[name])
+        assert order is not None
+        if KEYS[name] is not None:
+            places = self.newest[name]
+        else:  # a log's rows in stage order: the sort keeps it among equal users and sequences
+            places = pl.concat([
+                pl.scan_ipc(path).select(order).with_row_index(ROW).with_columns(pl.lit(n, pl.Int32).alias(STAGE))
+                for n, path in self.files[name]]).collect()
+        places = places.sort(order, maintain_order=True, nulls_last=True).select(STAGE, ROW)
+
+        def batches() -> Iterator[pa.RecordBatch]:
+            for chunk in places.iter_slices(STREAM_ROWS):
+                rows = self.gather(name, chunk).with_columns(pl.lit(batch_no, pl.Int64).alias("_batch"))
+                yield from rows.select(schema.names).to_arrow().cast(schema).to_batches()
+            for n, _ in self.files[name]:
+                self._mapped.pop((name, n), None)
+
+        return pa.RecordBatchReader.from_batches(schema, batches())
+
+    def upserted(self, name: str, columns: list[str]) -> pl.DataFrame:
+        """`columns` of the rows the commit writes of a streamed keyed table, tombstones left
+        out (for the new index entries)."""
+        newest = self.newest[name]
+        parts = [pl.scan_ipc(path).select(*columns, "_deleted").with_row_index(ROW)
+                 .join(newest.lazy().filter(pl.col(STAGE) == n).select(ROW), on=ROW, how="semi")
+                 .filter(~pl.col("_deleted")).select(columns)
+                 for n, path in self.files[name]]
+        return pl.concat(parts).collect()
 
     def changes(self) -> Changes:
-        """Everything staged, in stage order, read when the commit merges its table."""
-        return Changes(earlier={name: [pl.scan_ipc(path) for _, path in files] for name, files in self.files.items()})
+        """The staged changes of the tables not streamed, in stage order, read when the commit
+        merges their table."""
+        streamed = self.streamed()
+        return Changes(earlier={name: [pl.scan_ipc(path) for _, path in files]
+                                for name, files in self.files.items() if name not in streamed})
 
     def index_entries_stored(self) -> dict[str, list[pl.DataFrame]]:
         return {index: [pl.read_ipc(path) for path in paths] for index, paths in self.pairs.items()}

@@ -43,18 +43,23 @@ class Changes:
 
     def merged_tables(self) -> Iterator[tuple[str, tuple[pl.DataFrame | None, pl.DataFrame | None]]]:
         """`merged()` one table at a time: a table's staged changes are read when it comes."""
-        for name in TABLES:  # a fixed table order: the commit's failpoints depend on it
-            if name not in self.parts and name not in self.earlier:
-                continue
-            key = KEYS[name]
-            staged = self.earlier.get(name, [])
-            mine = self.parts.get(name, [])
-            rows = pl.concat([*staged, *(f.lazy() for f in mine)]).collect() if staged else pl.concat(mine)
-            if key is not None:
-                rows = rows.unique(subset=list(key), keep="last", maintain_order=True)
-            ups = rows.filter(~pl.col("_deleted")).drop("_deleted")
-            dels = rows.filter(pl.col("_deleted")).select(key) if key is not None else None
-            yield name, (ups if ups.height else None, dels if dels is not None and dels.height else None)
+        for name in TABLES:
+            if (merged := self.merged_table(name)) is not None:
+                yield name, merged
+
+    def merged_table(self, name: str) -> tuple[pl.DataFrame | None, pl.DataFrame | None] | None:
+        """One table's (rows to write, keys deleted); None when the batch leaves it alone."""
+        if name not in self.parts and name not in self.earlier:
+            return None
+        key = KEYS[name]
+        staged = self.earlier.get(name, [])
+        mine = self.parts.get(name, [])
+        rows = pl.concat([*staged, *(f.lazy() for f in mine)]).collect() if staged else pl.concat(mine)
+        if key is not None:
+            rows = rows.unique(subset=list(key), keep="last", maintain_order=True)
+        ups = rows.filter(~pl.col("_deleted")).drop("_deleted")
+        dels = rows.filter(pl.col("_deleted")).select(key) if key is not None else None
+        return ups if ups.height else None, dels if dels is not None and dels.height else None
 
 
 def remap_history(log: pl.DataFrame, redirects: pl.DataFrame) -> pl.DataFrame:
