@@ -15,6 +15,8 @@ from datetime import datetime
 from typing import Any, Protocol
 from urllib.parse import parse_qsl, urlsplit
 
+import polars as pl
+
 from engagelake.rules.state import Changes, State
 
 
@@ -55,6 +57,20 @@ class Context(Protocol):
 
 
 Handler = Callable[[Context, Request], Response]
+
+
+class Client(Protocol):
+    """What the friendly resource methods (`ws.catalogs`, `ws.scim`, ...) use of the
+    workspace: they call it as any client would, so `resources/` never imports `workspace`."""
+
+    @property
+    def state(self) -> State: ...  # the committed store as rules see it
+
+    def call(self, method: str, path: str, body: Any = None, query: dict[str, Any] | None = None) -> Response: ...
+
+    def write(self, build: Callable[[Context], None]) -> None: ...  # a batch of its own
+
+    def table(self, name: str) -> pl.LazyFrame: ...  # a table's current rows
 
 
 def compile_pattern(pattern: str) -> re.Pattern[str]:

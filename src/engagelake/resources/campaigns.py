@@ -17,17 +17,14 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
 import polars as pl
 
 from engagelake.errors import ConfigError, RequestError
-from engagelake.routing import Context, Handler, Request, Response
+from engagelake.routing import Client, Context, Handler, Request, Response
 from engagelake.rules.state import Changes, State
-
-if TYPE_CHECKING:
-    from engagelake.workspace import Workspace
 
 CHANNELS = ("email", "push", "sms", "webhook", "in_app_message", "content_card", "whatsapp")
 TRANSLATABLE_CHANNELS = ("email",)
@@ -289,7 +286,7 @@ def write_definition(ctx: Context, setting: dict[str, Any] | None, campaigns: li
 class Campaigns:
     """Friendly methods for campaigns and their translations (`ws.campaigns`)."""
 
-    def __init__(self, ws: Workspace):
+    def __init__(self, ws: Client):
         self.ws = ws
 
     def put(self, definition: Mapping[str, Any]) -> None:

@@ -13,17 +13,14 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
 import polars as pl
 
 from engagelake.errors import ConfigError, RequestError
-from engagelake.routing import Context, Handler, Request, Response
+from engagelake.routing import Client, Context, Handler, Request, Response
 from engagelake.rules.state import Changes, State
-
-if TYPE_CHECKING:
-    from engagelake.workspace import Workspace
 
 FIELD_TYPES = ("string", "number", "boolean", "time", "array", "object")
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9_-]+$")  # catalog names, field names and item IDs
@@ -450,7 +447,7 @@ class Catalogs:
     """Friendly methods over `Workspace.call` for catalogs (`ws.catalogs`). Writes raise
     ConfigError with every error id when the API answers 4xx."""
 
-    def __init__(self, ws: Workspace):
+    def __init__(self, ws: Client):
         self.ws = ws
 
     def create(self, name: str, fields: Sequence[Mapping[str, str]] | Mapping[str, str], *,

@@ -18,18 +18,15 @@ import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import urlencode
 
 import orjson
 import polars as pl
 
 from engagelake.errors import RequestError
-from engagelake.routing import Context, Handler, Request, Response
+from engagelake.routing import Client, Context, Handler, Request, Response
 from engagelake.rules.state import Changes
-
-if TYPE_CHECKING:
-    from engagelake.workspace import Workspace
 
 BASE = "/preference_center/v1"
 TOKEN_LIFETIME = timedelta(days=7)
@@ -469,7 +466,7 @@ class PreferenceCenters:
     """Friendly methods over `Workspace.call` (`ws.preference_centers`): each returns the
     response body on success and raises `PreferenceCenterError` (status, body) otherwise."""
 
-    def __init__(self, ws: Workspace):
+    def __init__(self, ws: Client):
         self.ws = ws
 
     def _call(self, method: str, path: str, body: Any = None, query: dict[str, Any] | None = None) -> Any:

@@ -14,20 +14,17 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
 import polars as pl
 import yaml
 
 from engagelake.errors import ConfigError, RequestError
-from engagelake.routing import Context, Handler, Request, Response
+from engagelake.routing import Client, Context, Handler, Request, Response
 from engagelake.rules.formats import EMAIL_MAX, EMAIL_RE
 from engagelake.rules.state import Changes, State
 from engagelake.tables.scim import SCHEMAS
-
-if TYPE_CHECKING:
-    from engagelake.workspace import Workspace
 
 USERS_PATH = "/scim/v2/Users"
 USER_SCHEMA = "urn:ietf:params:scim:schemas:core:2.0:User"
@@ -681,7 +678,7 @@ class Scim:
     """Friendly methods over `Workspace.call` for SCIM dashboard users (`ws.scim`), and the
     library-level directory loader. Failed requests raise `ScimError` (status and SCIM body)."""
 
-    def __init__(self, ws: Workspace):
+    def __init__(self, ws: Client):
         self.ws = ws
 
     def _ok(self, response: Response, status: int) -> Any:
