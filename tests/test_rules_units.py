@@ -2,11 +2,20 @@
 
 from datetime import UTC, datetime
 
+import orjson
 import polars as pl
+import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 from polars.testing import assert_frame_equal
+from tests.test_apply_equals_call import (
+    EVENTS_AND_PURCHASES,
+    IDENTITIES_AND_ATTRIBUTES,
+    PUSH_AND_SUBSCRIPTIONS,
+)
 
 from engagelake.rules import messages as M
+from engagelake.rules import parse
 from engagelake.rules.attributes import attribute_errors, fold_attributes
 from engagelake.rules.state import Changes, State, apply_changes
 from engagelake.rules.validate import normalize_email, normalize_phone, parse_time
@@ -142,3 +151,21 @@ def test_apply_changes_upserts_by_key_and_appends_logs():
     ch.delete("attributes", pl.DataFrame({"service_id": ["u"], "name": ["b"]}))
     s2 = apply_changes(state, ch, next_profile_n=0, next_update_seq=0)
     assert_frame_equal(s2["attributes"], pl.DataFrame({"service_id": ["u"], "name": ["a"], "value": ["3"]}))
+
+
+def test_parsing_in_chunks_equals_parsing_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Big passes are parsed in chunks, two at a time (`rules.parse.parse_track`): the frames,
+    `seq` numbering included, are those of one parse. Bad bodies ride along."""
+    texts = [orjson.dumps(r.get("body")).decode()
+             for r in IDENTITIES_AND_ATTRIBUTES + PUSH_AND_SUBSCRIPTIONS + EVENTS_AND_PURCHASES
+             if r["path"] == "/users/track"]
+    texts += ["[1, 2]", '{"attributes": 3}', '{"events": [1, {"name": "x"}]}', "null"]
+    bodies = pa.table({"req": pa.array(range(len(texts)), pa.int64()), "body": texts})
+    whole = parse.parse_track(bodies)
+    assert whole.objects.height > 20
+    for limit in (1, 300):  # one request per chunk; a few per chunk
+        monkeypatch.setattr(parse, "PARSE_CHUNK_BYTES", limit)
+        assert len(parse._chunk_ends(pc.binary_length(bodies["body"]).to_numpy(), limit)) > 3
+        chunked = parse.parse_track(bodies)
+        for name in ("requests", "objects", "pairs", "tokens", "groups"):
+            assert_frame_equal(getattr(chunked, name), getattr(whole, name))

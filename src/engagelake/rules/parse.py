@@ -11,16 +11,21 @@ Input: one row per request (`req`, `body` as JSON text). Output frames, one row 
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
 import polars as pl
 import pyarrow as pa
+import pyarrow.compute as pc
 
 if TYPE_CHECKING:
     import duckdb  # imported where used: a process that only reads never loads it
 
 ARRAYS = ("attributes", "events", "purchases")
+PARSE_CHUNK_BYTES = 4 << 20  # request text parsed at once (see `parse_track`)
+PARSE_THREADS = 2
 
 
 @dataclass(frozen=True)
@@ -47,7 +52,7 @@ _ARRAYS_STRUCT = "{" + ", ".join(f'"{a}": "JSON"' for a in ARRAYS) + "}"
 # Each body and each object is parsed once: json_transform pulls the fixed fields out as small
 # JSON values (a JSON null reads as absent, which is what every fixed field means by null).
 _REQUESTS_SQL = f"""
-CREATE TEMP TABLE b AS
+CREATE OR REPLACE TEMP TABLE b AS
 SELECT req, body_type,
        {", ".join(
            f"CASE WHEN list_contains(keys, '{a}') THEN coalesce(json_type(t.{a}), 'NULL') END AS {a}_type, "
@@ -106,53 +111,91 @@ _OBJECT_COLUMNS = ",\n  ".join(
 
 
 def parse_track(bodies: pa.Table) -> ParsedTrack:
-    """Flatten track request bodies (`req` int64, `body` JSON text) into operation tables."""
+    """Flatten track request bodies (`req` int64, `body` JSON text) into operation tables.
+
+    DuckDB's intermediate JSON values take about 3 KB per object (600-800 MiB for a pass of
+    200k objects), so the bodies are parsed in chunks of about `PARSE_CHUNK_BYTES` of text,
+    `PARSE_THREADS` chunks at a time, each on a one-thread connection of its own: the
+    transient memory follows the chunks, and every core is busy (one DuckDB query of fewer
+    than two row groups, 245,760 rows, would run on one thread anyway)."""
+    sizes = pc.binary_length(bodies["body"]).to_numpy(zero_copy_only=False)
+    ends = _chunk_ends(sizes, PARSE_CHUNK_BYTES)
+    chunks = [bodies.slice(start, stop - start) for start, stop in zip([0, *ends[:-1]], ends, strict=True)]
+    if len(chunks) == 1:
+        return _parse(chunks[0], threads=None)
+    with ThreadPoolExecutor(PARSE_THREADS) as pool:  # DuckDB runs without the GIL
+        parts = list(pool.map(lambda chunk: _parse(chunk, threads=1), chunks))
+    offsets = np.cumsum([0, *(part.objects.height for part in parts[:-1])])
+    parts = [_shifted(part, int(seq)) for part, seq in zip(parts, offsets, strict=True)]
+    return ParsedTrack(*(pl.concat([getattr(p, f) for p in parts]) for f in ParsedTrack.__dataclass_fields__))
+
+
+def _parse(bodies: pa.Table, *, threads: int | None) -> ParsedTrack:
     import duckdb
-    con = duckdb.connect()
+    con = duckdb.connect(config={"threads": threads} if threads else {})
     try:
-        con.register("bodies", bodies)
-        con.execute(_REQUESTS_SQL)
-        requests = _q(con, "SELECT req, body_type, "
-                      + ", ".join(f"{a}_type, json_array_length({a}_json) AS {a}_len" for a in ARRAYS)
-                      + " FROM b")
-        elements = " UNION ALL ".join(
-            _ELEMENTS_SQL.format(arr=a, arr_no=n) for n, a in enumerate(ARRAYS)
-        )
-        con.execute(
-            f"""CREATE TEMP TABLE o AS
-                SELECT row_number() OVER (ORDER BY req, arr, idx) - 1 AS seq, req, arr, idx, e,
-                       coalesce(json_type(e), 'NULL') AS obj_t,
-                       CASE WHEN json_type(e) = 'OBJECT' THEN json_transform(e, '{_FIXED_STRUCT}') END AS f
-                FROM ({elements})"""
-        )
-        objects = _q(con, f"SELECT seq, req, arr, idx, {_OBJECT_COLUMNS} FROM o ORDER BY seq")
-        # keys of attributes objects, in key order; MAP keeps the object's key order
-        con.execute(
-            """CREATE TEMP TABLE m AS
-               SELECT seq, json_transform(e, '"MAP(VARCHAR, JSON)"') AS m
-               FROM o WHERE arr = 0 AND obj_t = 'OBJECT'"""
-        )
-        pairs = _q(
-            con,
-            """WITH p AS (
-                 SELECT seq, unnest(map_keys(m)) AS key, unnest(map_values(m)) AS v,
-                        unnest(generate_series(0, cardinality(m)::BIGINT - 1)) AS kpos
-                 FROM m)
-               SELECT seq, key, kpos, v::VARCHAR AS v, coalesce(json_type(v), 'NULL') AS vt,
-                      CASE WHEN json_type(v) = 'VARCHAR' THEN v->>'$' END AS vs,
-                      CASE WHEN json_type(v) = 'OBJECT' THEN json_keys(v) END AS okeys,
-                      json_type(v, '$.inc') AS inc_t,
-                      CASE WHEN json_type(v, '$.inc') IN ('BIGINT', 'UBIGINT')
-                           THEN TRY_CAST(v->>'$.inc' AS BIGINT) END AS inc,
-                      json_type(v, '$.add') AS add_t, json_extract(v, '$.add')::VARCHAR AS add,
-                      json_type(v, '$.remove') AS remove_t,
-                      json_extract(v, '$.remove')::VARCHAR AS remove
-               FROM p ORDER BY seq, kpos""",
-        )
-        tokens = _list_elements(con, "push_tokens", ("app_id", "token", "device_id"))
-        groups = _list_elements(con, "subscription_groups", ("subscription_group_id", "subscription_state"))
+        return _parse_chunk(con, bodies)
     finally:
         con.close()
+
+
+def _chunk_ends(sizes: np.ndarray, limit: int) -> list[int]:
+    """Where chunks of consecutive rows end: a chunk ends where the running total of `sizes`
+    passes a multiple of `limit`."""
+    blocks = np.cumsum(sizes) // limit
+    return [*(np.flatnonzero(np.diff(blocks)) + 1).tolist(), len(sizes)]
+
+
+def _shifted(part: ParsedTrack, seq: int) -> ParsedTrack:
+    if seq == 0:
+        return part
+    shift = pl.col("seq") + seq
+    return ParsedTrack(part.requests, *(getattr(part, f).with_columns(shift)
+                                        for f in ("objects", "pairs", "tokens", "groups")))
+
+
+def _parse_chunk(con: duckdb.DuckDBPyConnection, bodies: pa.Table) -> ParsedTrack:
+    con.register("bodies", bodies)
+    con.execute(_REQUESTS_SQL)
+    requests = _q(con, "SELECT req, body_type, "
+                  + ", ".join(f"{a}_type, json_array_length({a}_json) AS {a}_len" for a in ARRAYS)
+                  + " FROM b")
+    elements = " UNION ALL ".join(
+        _ELEMENTS_SQL.format(arr=a, arr_no=n) for n, a in enumerate(ARRAYS)
+    )
+    con.execute(
+        f"""CREATE OR REPLACE TEMP TABLE o AS
+            SELECT row_number() OVER (ORDER BY req, arr, idx) - 1 AS seq, req, arr, idx, e,
+                   coalesce(json_type(e), 'NULL') AS obj_t,
+                   CASE WHEN json_type(e) = 'OBJECT' THEN json_transform(e, '{_FIXED_STRUCT}') END AS f
+            FROM ({elements})"""
+    )
+    objects = _q(con, f"SELECT seq, req, arr, idx, {_OBJECT_COLUMNS} FROM o ORDER BY seq")
+    # keys of attributes objects, in key order; MAP keeps the object's key order
+    con.execute(
+        """CREATE OR REPLACE TEMP TABLE m AS
+           SELECT seq, json_transform(e, '"MAP(VARCHAR, JSON)"') AS m
+           FROM o WHERE arr = 0 AND obj_t = 'OBJECT'"""
+    )
+    pairs = _q(
+        con,
+        """WITH p AS (
+             SELECT seq, unnest(map_keys(m)) AS key, unnest(map_values(m)) AS v,
+                    unnest(generate_series(0, cardinality(m)::BIGINT - 1)) AS kpos
+             FROM m)
+           SELECT seq, key, kpos, v::VARCHAR AS v, coalesce(json_type(v), 'NULL') AS vt,
+                  CASE WHEN json_type(v) = 'VARCHAR' THEN v->>'$' END AS vs,
+                  CASE WHEN json_type(v) = 'OBJECT' THEN json_keys(v) END AS okeys,
+                  json_type(v, '$.inc') AS inc_t,
+                  CASE WHEN json_type(v, '$.inc') IN ('BIGINT', 'UBIGINT')
+                       THEN TRY_CAST(v->>'$.inc' AS BIGINT) END AS inc,
+                  json_type(v, '$.add') AS add_t, json_extract(v, '$.add')::VARCHAR AS add,
+                  json_type(v, '$.remove') AS remove_t,
+                  json_extract(v, '$.remove')::VARCHAR AS remove
+           FROM p ORDER BY seq, kpos""",
+    )
+    tokens = _list_elements(con, "push_tokens", ("app_id", "token", "device_id"))
+    groups = _list_elements(con, "subscription_groups", ("subscription_group_id", "subscription_state"))
     return ParsedTrack(requests, objects, pairs, tokens, groups)
 
 
