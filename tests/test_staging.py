@@ -142,10 +142,21 @@ def test_the_stages_folder_goes_with_the_batch(tmp_path: Path, monkeypatch: pyte
         assert alone.apply(IDENTITIES_AND_ATTRIBUTES) == got
 
 
+@pytest.mark.parametrize("spool", [16 << 20, 1], ids=["kept-in-memory", "spooled-to-disk"])
 def test_a_generator_is_read_once_as_the_batch_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                    stage_counter: list[int]) -> None:
+                                                    stage_counter: list[int], spool: int) -> None:
     """`apply` takes a generator lazily: earlier passes ran (and staged) before later requests
-    were drawn; a retry after another writer's commit replays what was read."""
+    were drawn; a retry after another writer's commit replays what was read, from memory or
+    from its temporary file."""
+    monkeypatch.setattr(workspace, "SEEN_SPOOL_BYTES", spool)
+    spooled: list[bool] = []
+    replay = workspace._Seen.replay
+
+    def replayed(self: workspace._Seen) -> Iterator[Any]:
+        spooled.append(bool(self.file._rolled))  # type: ignore[attr-defined]
+        yield from replay(self)
+
+    monkeypatch.setattr(workspace._Seen, "replay", replayed)
     stages_seen: list[int] = []
 
     def requests() -> Iterator[dict[str, Any]]:
@@ -164,6 +175,7 @@ def test_a_generator_is_read_once_as_the_batch_runs(tmp_path: Path, monkeypatch:
     monkeypatch.setattr(ws.store, "commit", another_writer_first)
     got = ws.apply(requests())
     assert len(stages_seen) == len(CHANGES_BETWEEN_PASSES)  # drawn once, though the batch ran twice
+    assert spooled[-1] is (spool == 1)
     assert stages_seen[-1] > stages_seen[0]  # passes ran between the draws
     alone = open_ws(tmp_path, "alone")
     alone.apply([post_track(attributes=[{"external_id": "other", "x": 1}])])

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import tempfile
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from datetime import UTC, datetime
@@ -50,6 +51,7 @@ TRACK_RUN_MAX = 2000
 # After a pass, a batch holding at least this many changed rows stages them to local files
 # (`store/staging.py`) and reads them back as it needs them: memory follows the pass.
 STAGE_ROWS = 100_000
+SEEN_SPOOL_BYTES = 16 << 20  # request text a batch keeps in memory for a retry (see `_Seen`)
 # Endpoints the workspace runs itself: track passes, export reads, identity runs.
 USER_ROUTES: dict[str, dict[str, str]] = {
     "/users/track": {"POST": "track"},
@@ -80,6 +82,45 @@ class _Bad(Exception):
 # One request as a batch keeps it: (endpoint, routed request, body as JSON text), or the
 # error response of a request that routes nowhere. The bulk endpoints keep only the text.
 Routed = tuple[str | Handler | None, Request | None, str | Response]
+
+
+class _Seen:
+    """The requests a batch has read, for a retry after another writer's commit. The text of
+    bulk requests goes to a temporary file, held in memory up to `SEEN_SPOOL_BYTES`: a big
+    batch's requests (about 127 MiB of text per 1M track objects) do not stay in memory."""
+
+    def __init__(self) -> None:
+        self.kept: list[Routed | tuple[str, int, int]] = []  # bulk: (endpoint, offset, length)
+        self.file = tempfile.SpooledTemporaryFile(max_size=SEEN_SPOOL_BYTES)
+        self.end = 0
+
+    def add(self, request: Routed) -> Routed:
+        endpoint, routed, text = request
+        if isinstance(endpoint, str) and routed is None and isinstance(text, str):
+            data = text.encode()
+            self.file.seek(self.end)
+            self.file.write(data)
+            self.kept.append((endpoint, self.end, len(data)))
+            self.end += len(data)
+        else:
+            self.kept.append(request)
+        return request
+
+    def replay(self) -> Iterator[Routed]:
+        for item in list(self.kept):
+            endpoint, second, third = item
+            if isinstance(second, int):
+                assert isinstance(third, int)
+                self.file.seek(second)
+                yield endpoint, None, self.file.read(third).decode()
+            else:
+                yield item  # type: ignore[misc]
+
+    def __enter__(self) -> _Seen:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.file.close()
 
 
 def _routed(request: Any) -> Routed:
@@ -271,13 +312,12 @@ class Workspace:
         and the batch keeps each track or identity request as its JSON text only (a retry after
         another writer's commit replays those), so a big batch need not exist as dicts."""
         source = iter(requests)
-        seen: list[Routed] = []
+        seen = _Seen()
 
         def routed() -> Iterator[Routed]:
-            yield from list(seen)  # a retry replays what the first attempt read
+            yield from seen.replay()  # a retry replays what the first attempt read
             for request in source:
-                seen.append(_routed(request))
-                yield seen[-1]
+                yield seen.add(_routed(request))
 
         def attempt() -> list[Response]:
             if idempotency_key is not None:
@@ -286,7 +326,8 @@ class Workspace:
                     return [Response(s, b) for s, b in stored]
             return self._run_batch(lambda batch: self._dispatch(batch, routed()), idempotency_key)
 
-        return self._retrying(attempt)
+        with seen:
+            return self._retrying(attempt)
 
     def write(self, build: Callable[[Context], None]) -> None:
         """Run `build(ctx)` as a batch of its own (library-level loaders: directories, catalog
