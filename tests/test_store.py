@@ -8,6 +8,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import orjson
+import polars as pl
 import pytest
 from deltalake import DeltaTable
 from tests.crash_worker import (
@@ -285,3 +287,32 @@ def test_reopened_store_equals_memory_after_a_batch_with_reads_between_changes(t
     assert ws.export_users(["custom_attributes"]) == [{"custom_attributes": {"b": 2}}]
     reopened = Workspace.open(tmp_path / "s", clock=lambda: NOW)
     assert reopened.export_users(["custom_attributes"]) == [{"custom_attributes": {"b": 2}}]
+
+
+def test_opening_reads_the_ledgers_newest_files_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The head comes from the newest ledger files (by their `batch_no` statistics): a store of
+    many batches opens as a new one does. A newest row that only moved rows (a run merge) is
+    read past, to the last batch that changed content."""
+    ws = open_ws(tmp_path)
+    ws.store.background_merges = False
+    ws.store.merge_trigger = 10**6  # no merge after the batches ...
+    for n in range(6):
+        ws.call("POST", TRACK, {"attributes": [{"external_id": f"u{n}", "n": n}]})
+    ws.store.merge_trigger = 1
+    assert ws.store.merge_runs()  # ... then one: the newest ledger row moves rows only
+    whole = ws.store._ledger(["batch_no", "kind", "versions"]).sort("batch_no")
+    content = whole.filter(~pl.col("kind").is_in(["merge", "compaction"]).fill_null(False))["batch_no"].max()
+    reads: list[str] = []
+    read_parquet = delta.pl.read_parquet
+
+    def counted(path: str, **kwargs: Any) -> Any:
+        reads.append(path)
+        return read_parquet(path, **kwargs)
+
+    monkeypatch.setattr(delta.pl, "read_parquet", counted)
+    again = delta.DeltaStore(str(tmp_path))
+    assert (again.head.batch_no, again.head.content_batch) == (whole["batch_no"].max(), content)
+    assert again.head.versions == orjson.loads(whole["versions"][-1]) and whole.height >= 7
+    assert whole["kind"][-1] == "merge" and content == whole["batch_no"][-2]
+    assert len(reads) == 2  # the merge's file, then the last batch's
+    assert not again.refresh()  # the version read at open is the one refresh compares with
