@@ -106,6 +106,7 @@ def connection(memory_limit: str | None) -> Iterator[duckdb.DuckDBPyConnection]:
             "temp_directory": spill, "memory_limit": memory_limit or DEFAULT_MEMORY}
         import duckdb
         con = duckdb.connect(config=config)
+        con.execute("SET enable_progress_bar = false")  # a library does not draw DuckDB's bars into logs
         try:
             yield con
         finally:
