@@ -24,7 +24,7 @@ from tests.test_apply_equals_call import (
 )
 
 import engagelake.workspace as workspace
-from engagelake.store import staging
+from engagelake.store import merging, scratch, staging
 from engagelake.store.runs import sort_order
 from engagelake.tables.changes import Changes
 from engagelake.tables.schema import KEYS, SCHEMAS
@@ -259,3 +259,18 @@ def test_a_staged_batch_writes_sorted_runs(tmp_path: Path, stage_counter: list[i
             rows = pl.read_parquet(file).select(order)
             assert rows.height
             assert rows.equals(rows.sort(order, nulls_last=True, maintain_order=True)), (name, file)
+
+
+def test_a_killed_merge_leaves_a_spill_folder_that_the_next_merge_removes(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    dead = tmp_path / f"{scratch.prefix('duckdb')}{gone.pid}-abc"
+    live = tmp_path / f"{scratch.prefix('duckdb')}{os.getpid()}-def"
+    for folder in (dead, live):
+        folder.mkdir()
+    with merging.connection(None) as con:
+        spills = [p for p in tmp_path.glob(f"{scratch.prefix('duckdb')}{os.getpid()}-*") if p != live]
+        assert len(spills) == 1 and con.sql("select current_setting('temp_directory')").fetchall() == [(str(spills[0]),)]
+    assert not dead.exists() and live.exists() and not spills[0].exists()

@@ -18,7 +18,6 @@ merge into the bottom run is as big as the table, and it must not hold the table
 
 from __future__ import annotations
 
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -26,6 +25,8 @@ from typing import TYPE_CHECKING
 
 import polars as pl
 import pyarrow as pa
+
+from engagelake.store import scratch
 
 if TYPE_CHECKING:
     import duckdb  # imported where used: a process that only reads never loads it
@@ -101,9 +102,9 @@ def merge_sql(columns: list[str], key: tuple[str, ...] | None, order: list[str],
 def connection(memory_limit: str | None) -> Iterator[duckdb.DuckDBPyConnection]:
     """A DuckDB connection that spills beyond `memory_limit` (default `DEFAULT_MEMORY`) to a
     private temporary folder, removed with the connection."""
-    with tempfile.TemporaryDirectory(prefix="engagelake-duckdb-") as spill:
+    with scratch.folder("duckdb") as spill:  # a killed process's folder is swept by the next one
         config: dict[str, str | bool | int | float | list[str]] = {
-            "temp_directory": spill, "memory_limit": memory_limit or DEFAULT_MEMORY}
+            "temp_directory": str(spill), "memory_limit": memory_limit or DEFAULT_MEMORY}
         import duckdb
         con = duckdb.connect(config=config)
         con.execute("SET enable_progress_bar = false")  # a library does not draw DuckDB's bars into logs

@@ -13,9 +13,7 @@ killed mid-batch leaves only its temporary folder, which the next batch that sta
 
 from __future__ import annotations
 
-import os
 import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,12 +21,13 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.ipc
 
+from engagelake.store import scratch
 from engagelake.store.runs import SORT_BY, sort_order
 from engagelake.tables.changes import Changes
 from engagelake.tables.schema import KEYS, SCHEMAS
 from engagelake.tables.source import STAGED, RowSource
 
-PREFIX = "engagelake-stages-"  # then the owner's process ID
+PREFIX = scratch.prefix("stages")  # then the owner's process ID
 STAGE = "_stage"  # the stage a staged row came from: a later stage's row of a key wins
 ROW = "_row"  # a staged row's place in its stage's file
 POS = "_pos"  # a gathered row's place in the order asked for
@@ -39,8 +38,7 @@ class Stages:
     """The stages of one batch, oldest first, in a temporary folder of their own."""
 
     def __init__(self) -> None:
-        _sweep_dead()
-        self.folder = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-"))
+        self.folder = scratch.make("stages")
         self.count = 0
         self.files: dict[str, list[tuple[int, Path]]] = {}  # per table: (stage, file)
         # keyed tables: each staged key with the stage and place of its newest row (tombstones
@@ -149,20 +147,6 @@ class Stages:
     def remove(self) -> None:
         self._mapped.clear()
         shutil.rmtree(self.folder, ignore_errors=True)
-
-
-def _sweep_dead() -> None:
-    """Remove the stage folders of processes that died mid-batch (killed, or out of memory)."""
-    for folder in Path(tempfile.gettempdir()).glob(f"{PREFIX}*-*"):
-        pid = folder.name.removeprefix(PREFIX).split("-", 1)[0]
-        if not pid.isdigit():
-            continue
-        try:
-            os.kill(int(pid), 0)
-        except ProcessLookupError:
-            shutil.rmtree(folder, ignore_errors=True)
-        except PermissionError:  # another user's live process
-            continue
 
 
 class StagedSource:
