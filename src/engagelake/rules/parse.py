@@ -52,7 +52,7 @@ _ARRAYS_STRUCT = "{" + ", ".join(f'"{a}": "JSON"' for a in ARRAYS) + "}"
 # Each body and each object is parsed once: json_transform pulls the fixed fields out as small
 # JSON values (a JSON null reads as absent, which is what every fixed field means by null).
 _REQUESTS_SQL = f"""
-CREATE OR REPLACE TEMP TABLE b AS
+CREATE TEMP TABLE b AS
 SELECT req, body_type,
        {", ".join(
            f"CASE WHEN list_contains(keys, '{a}') THEN coalesce(json_type(t.{a}), 'NULL') END AS {a}_type, "
@@ -164,7 +164,7 @@ def _parse_chunk(con: duckdb.DuckDBPyConnection, bodies: pa.Table) -> ParsedTrac
         _ELEMENTS_SQL.format(arr=a, arr_no=n) for n, a in enumerate(ARRAYS)
     )
     con.execute(
-        f"""CREATE OR REPLACE TEMP TABLE o AS
+        f"""CREATE TEMP TABLE o AS
             SELECT row_number() OVER (ORDER BY req, arr, idx) - 1 AS seq, req, arr, idx, e,
                    coalesce(json_type(e), 'NULL') AS obj_t,
                    CASE WHEN json_type(e) = 'OBJECT' THEN json_transform(e, '{_FIXED_STRUCT}') END AS f
@@ -173,7 +173,7 @@ def _parse_chunk(con: duckdb.DuckDBPyConnection, bodies: pa.Table) -> ParsedTrac
     objects = _q(con, f"SELECT seq, req, arr, idx, {_OBJECT_COLUMNS} FROM o ORDER BY seq")
     # keys of attributes objects, in key order; MAP keeps the object's key order
     con.execute(
-        """CREATE OR REPLACE TEMP TABLE m AS
+        """CREATE TEMP TABLE m AS
            SELECT seq, json_transform(e, '"MAP(VARCHAR, JSON)"') AS m
            FROM o WHERE arr = 0 AND obj_t = 'OBJECT'"""
     )

@@ -80,6 +80,7 @@ LEDGER_SCHEMA = {
 # ledger rows that move rows between files and change no content: a batch that read the store
 # before one of them still holds (it is not stale)
 LAYOUT_KINDS = ("merge", "compaction")
+_CHANGED_CONTENT = ~pl.col("kind").is_in(LAYOUT_KINDS).fill_null(False)  # a ledger row of a batch
 CRASH_ENV = "ENGAGELAKE_CRASH_AT"
 # without `compression`, WriterProperties writes uncompressed Parquet
 WRITER = WriterProperties(max_row_group_size=ROW_GROUP_ROWS, compression="SNAPPY")
@@ -192,18 +193,19 @@ class DeltaStore:
         assert isinstance(frame, pl.DataFrame)
         return frame.with_columns(pl.lit(None, LEDGER_SCHEMA[c]).alias(c) for c in columns if c not in present)
 
-    def _read_head(self) -> Head:
+    def _read_head(self, table: DeltaTable | None = None) -> Head:
         """The ledger's newest row, and its newest row that changed content. Reads the ledger's
         newest files only (one per batch, found by their `batch_no` statistics): a store of
-        many batches opens as fast as a new one. Notes the ledger version read (`refresh`)."""
-        table = DeltaTable(self._path(LEDGER))
+        many batches opens as fast as a new one. Notes the ledger version read (`refresh`);
+        `table`: the ledger, already loaded."""
+        table = table or DeltaTable(self._path(LEDGER))
         self._ledger_table, self._ledger_version = table, table.version()
         columns = ["batch_no", "versions", "next_profile_n", "next_update_seq", "seed", "kind"]
         rows = self._head_rows(table, columns)
         if rows.height == 0:
             raise StoreError(f"store at {self.uri} has an empty ledger; it was not created by engagelake")
         r = rows.row(-1, named=True)
-        content = rows.filter(~pl.col("kind").is_in(LAYOUT_KINDS).fill_null(False))["batch_no"]
+        content = rows.filter(_CHANGED_CONTENT)["batch_no"]
         return Head(r["batch_no"], orjson.loads(r["versions"]), r["next_profile_n"], r["next_update_seq"], r["seed"],
                     content_batch=content.max() if content.len() else 0)  # type: ignore[arg-type]
 
@@ -220,7 +222,7 @@ class DeltaStore:
         for path in newest["path"].to_list():  # a few files: the newest content row is near
             frame = pl.read_parquet(uris[_file_name(path)], columns=[c for c in columns if c in present])
             parts.append(frame.with_columns(pl.lit(None, LEDGER_SCHEMA[c]).alias(c) for c in columns if c not in present))
-            if parts[-1].filter(~pl.col("kind").is_in(LAYOUT_KINDS).fill_null(False)).height:
+            if parts[-1].filter(_CHANGED_CONTENT).height:
                 break
         return pl.concat(parts, how="vertical_relaxed").sort("batch_no")
 
@@ -270,7 +272,7 @@ class DeltaStore:
             self._ledger_table.update_incremental()
         if self._ledger_table.version() == self._ledger_version:
             return False
-        head = self._read_head()
+        head = self._read_head(self._ledger_table)
         changed = head.batch_no != self.head.batch_no
         self.head = head
         return changed
