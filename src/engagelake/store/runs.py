@@ -15,6 +15,8 @@ Paimon, RocksDB); `store/merging.py` keeps their number small.
 from __future__ import annotations
 
 import bisect
+import functools
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -29,7 +31,7 @@ from engagelake.tables.schema import INDEXES
 # small (a footer holds one entry per row group and column).
 ROW_GROUP_ROWS = 1024
 # Parquet writers may truncate long min/max statistics; a fence that long is not trusted.
-TRUSTED_STAT_CHARS = 512
+TRUSTED_STAT_BYTES = 512
 # When more than 1/WHOLE_FILE_SHARE of a file's row groups match, scan the file instead.
 WHOLE_FILE_SHARE = 3
 # A probe with this many values per row group of a file reads the file whole without searching
@@ -45,6 +47,8 @@ FILE_STATS_MAX_VALUES = 64
 # A file this small (a recent run) keeps its sort column in memory once sieved: at most a few
 # MiB per file, and the merge policy keeps few small runs per table.
 SIEVE_CACHE_ROWS = 65_536
+# Footers parsed at once by a cold probe: more threads than cores still overlap their reads.
+FOOTER_THREADS = 4
 # delta-rs truncates statistics at 64 bytes (a prefix for the minimum, a raised prefix for the
 # maximum: still bounds), and may drop them; only shorter ones are used.
 TRUSTED_FILE_STAT_BYTES = 64
@@ -77,7 +81,7 @@ class Fences:
     starts: np.ndarray | None  # the chain's minimums, ascending
     ends: np.ndarray | None = None  # its maximums (ascending too)
     order: np.ndarray | None = None  # the row group at each chain position
-    wide: tuple[tuple[str, str, int], ...] = ()  # (min, max, row group) of the others
+    wide: tuple[tuple[bytes, bytes, int], ...] = ()  # (min, max, row group) of the others
 
     def groups(self, values: np.ndarray) -> list[int]:
         """The row groups that can hold any of the sorted `values`."""
@@ -102,13 +106,25 @@ class FooterCache:
     def fences(self, path: str, column: str) -> Fences:
         key = (path, column)
         if key not in self._fences:
-            if len(self._fences) >= self._limit:
-                self._fences.clear()
-                self._columns.clear()
-            metadata = pq.read_metadata(path)
-            self.footers_read += 1
-            self._fences[key] = _fences(metadata, column)
+            self._keep(path, column, pq.read_metadata(path))
         return self._fences[key]
+
+    def fences_of(self, paths: list[str], column: str) -> list[Fences]:
+        """The fences of every one of `paths`; footers not yet read are parsed side by side
+        (pyarrow parses them without the GIL: a cold probe of a big store spends most of its
+        time there)."""
+        missing = [path for path in paths if (path, column) not in self._fences]
+        if len(missing) > 1:
+            for path, metadata in zip(missing, _footer_pool().map(pq.read_metadata, missing), strict=True):
+                self._keep(path, column, metadata)
+        return [self.fences(path, column) for path in paths]
+
+    def _keep(self, path: str, column: str, metadata: pq.FileMetaData) -> None:
+        if len(self._fences) >= self._limit:
+            self._fences.clear()
+            self._columns.clear()
+        self.footers_read += 1
+        self._fences[(path, column)] = _fences(metadata, column)
 
 
     def sort_column(self, path: str, column: str, metadata: pq.FileMetaData) -> pa.ChunkedArray:
@@ -119,37 +135,47 @@ class FooterCache:
         return self._columns[key]
 
 
+@functools.cache
+def _footer_pool() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(max_workers=FOOTER_THREADS, thread_name_prefix="engagelake-footers")
+
+
 def _fences(metadata: pq.FileMetaData, column: str) -> Fences:
-    names = metadata.schema.to_arrow_schema().names
-    if column not in names or metadata.num_row_groups == 0:
+    """The fences of a string sort column, from its raw statistics: bytes, which compare in
+    UTF-8 byte order (the order of Parquet statistics and of the sorted files)."""
+    schema = metadata.schema
+    index = next((i for i in range(len(schema)) if schema.column(i).path == column), None)
+    if index is None or metadata.num_row_groups == 0 or schema.column(index).physical_type != "BYTE_ARRAY":
         return Fences(metadata, None)
-    index = names.index(column)
     starts, ends = [], []
-    for g in range(metadata.num_row_groups):
+    for g in range(metadata.num_row_groups):  # once per file: its footer is cached
         stats = metadata.row_group(g).column(index).statistics
-        if (stats is None or not stats.has_min_max
-                or max(len(str(stats.min)), len(str(stats.max))) >= TRUSTED_STAT_CHARS):
+        if stats is None or not stats.has_min_max:
             return Fences(metadata, None)
-        starts.append(stats.min)
-        ends.append(stats.max)
-    if any("\x00" in v for v in (*starts, *ends)):  # numpy's fixed-width strings drop NULs
+        starts.append(stats.min_raw)
+        ends.append(stats.max_raw)
+    if (max(len(v) for v in (*starts, *ends)) >= TRUSTED_STAT_BYTES
+            or any(b"\x00" in v for v in (*starts, *ends))):  # numpy's fixed-width bytes drop NULs
         return Fences(metadata, None)
-    # fixed-width unicode arrays compare in C, in code point order (= UTF-8 byte order, the
-    # order of Parquet statistics)
-    first, last = np.array(starts, dtype=str), np.array(ends, dtype=str)
+    first, last = np.array(starts, dtype=bytes), np.array(ends, dtype=bytes)
     # the most ranges that do not overlap, taken by earliest end (interval scheduling); ranges
     # may touch (a value split over two row groups)
     chain, wide, reach = [], [], None
-    for g in np.lexsort((first, last)).tolist():  # once per file: its footer is cached
+    for g in np.lexsort((first, last)).tolist():
         if reach is None or first[g] >= reach:
             chain.append(g)
             reach = last[g]
         else:
-            wide.append((str(first[g]), str(last[g]), g))
+            wide.append((bytes(first[g]), bytes(last[g]), g))
     if len(wide) > max(MAX_WIDE_GROUPS, len(chain) // 100):
         return Fences(metadata, None)
     order = np.array(chain, dtype=np.int64)
     return Fences(metadata, first[order], last[order], order, tuple(wide))
+
+
+def fence_values(values: pl.Series) -> np.ndarray:
+    """Sorted string `values` as fixed-width bytes, comparable with fences."""
+    return values.sort().cast(pl.Binary).to_numpy().astype(bytes)
 
 
 def matching_groups(starts: np.ndarray, values: np.ndarray, ends: np.ndarray | None = None) -> list[int]:
@@ -195,7 +221,7 @@ def read_where(paths: list[str], column: str, values: pl.Series, footers: Footer
     picked: list[pa.Table] = []
     whole: list[str] = []  # files where most row groups match: Polars' reader is faster there
     sorted_keys: tuple[np.ndarray, pa.Array, bool] | None = None
-    fences = [footers.fences(path, column) for path in paths]
+    fences = footers.fences_of(paths, column)
     total_rows = sum(fence.metadata.num_rows for fence in fences)
     for path, fence in zip(paths, fences, strict=True):
         n_groups = fence.metadata.num_row_groups
@@ -207,9 +233,8 @@ def read_where(paths: list[str], column: str, values: pl.Series, footers: Footer
             whole.append(path)
             continue
         if sorted_keys is None:
-            keys = unique.sort().to_list()
-            fenced = not any("\x00" in k for k in keys)  # numpy's strings drop NULs
-            sorted_keys = (np.array(keys, dtype=str), pa.array(keys, pa.large_string()), fenced)
+            fenced = not unique.str.contains("\x00", literal=True).any()  # numpy's bytes drop NULs
+            sorted_keys = (fence_values(unique), unique.to_arrow().cast(pa.large_string()), fenced)
         wanted, exact, fenced = sorted_keys
         if not fenced:
             whole.append(path)
