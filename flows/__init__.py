@@ -8,6 +8,8 @@ every flow is safe to re-run.
 - `flows.track_batch.merge_batch(folder, store)` / `identify_batch(folder, store)`: the same for
   files of merge / identify requests only (a file with another endpoint is refused).
 - `flows.track_batch.compact_store(store)`: rewrite tables to their current rows, drop old files.
+- `flows.track_batch.publish_current(store, out)`: write current rows as plain Delta tables for
+  readers outside engagelake (Spark, DuckDB's `delta_scan`).
 - `flows.export_batch.export_batch(identifiers, out_dir, store)`: export users by external ID.
 - `flows.export_batch.export_all(out_dir, store)`: export every user of the store.
 """

@@ -1,5 +1,5 @@
 """Prefect flows `track_batch`, `merge_batch`, `identify_batch`: apply a folder of request files,
-each file as one batch; and `compact_store`.
+each file as one batch; `compact_store`; and `publish_current`.
 
 Files (`*.ndjson`, `*.parquet`) are applied in sorted name order with
 `Workspace.apply(requests, idempotency_key="<file name>:<sha256 of the file>")`, and the
@@ -145,6 +145,16 @@ def compact_store(store: str = "data/store") -> dict[str, int]:
     """Rewrite every table to its current rows and delete unreferenced files (deleted users'
     data leaves the disk). Returns the rows kept per table."""
     return Workspace.open(store).compact()
+
+
+@flow(name="publish_current")
+def publish_current(store: str = "data/store", out: str | None = None) -> dict[str, int]:
+    """Write every table's current rows as plain Delta tables under `out` (default:
+    `<store>/current`) for readers outside engagelake; run it after the batches it should show.
+    Returns the rows per table."""
+    rows = Workspace.open(store).publish(out)
+    get_run_logger().info("published %s rows in %d tables", f"{sum(rows.values()):,}", len(rows))
+    return rows
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ from engagelake.cli import app
 pytest_plugins = ["tests.prefect_harness"]
 
 runner = CliRunner()
-COMMANDS = ("demo", "apply", "export", "sql", "lineage", "compact")
+COMMANDS = ("demo", "apply", "export", "sql", "lineage", "compact", "publish")
 HEAVY_MODULES = (
     "polars",
     "duckdb",
@@ -282,3 +282,15 @@ def test_compact_prints_the_rows_kept(tmp_path: Path) -> None:
     result = runner.invoke(app, ["compact", "--store", str(tmp_path / "store")])
     assert result.exit_code == 0, result.output
     assert "profiles 1" in result.output
+
+
+def test_publish_writes_current_rows_for_outside_readers(tmp_path: Path) -> None:
+    ws = Workspace.open(tmp_path / "store")
+    ws.call("POST", "/users/track", {"attributes": [{"external_id": "a"}, {"external_id": "b"}]})
+    ws.call("POST", "/users/track", {"attributes": [{"external_id": "a", "first_name": "Ann"}]})
+    result = runner.invoke(app, ["publish", "--store", str(tmp_path / "store")])
+    assert result.exit_code == 0, result.output
+    said = result.output.replace("\n", "")  # rich wraps long lines
+    assert "to " + str(tmp_path / "store" / "current") in said and "profiles 2" in said
+    profiles = pl.read_delta(str(tmp_path / "store" / "current" / "profiles"))
+    assert sorted(profiles["first_name"].to_list(), key=str) == ["Ann", None]

@@ -19,7 +19,13 @@ from engagelake.files import RequestFileError, read_request_file, read_responses
 from engagelake.rules.messages import EXPORT_FIELDS
 from flows._retry import is_transient_io_error
 from flows.export_batch import export_all, export_batch
-from flows.track_batch import compact_store, identify_batch, merge_batch, track_batch
+from flows.track_batch import (
+    compact_store,
+    identify_batch,
+    merge_batch,
+    publish_current,
+    track_batch,
+)
 
 pytest_plugins = ["tests.prefect_harness"]
 pytestmark = pytest.mark.usefixtures("prefect_harness")
@@ -328,3 +334,12 @@ def test_compact_store_keeps_the_content(four_users: Path) -> None:
     kept = compact_store(str(four_users))
     assert kept["profiles"] == 3
     assert Workspace.open(four_users).export_users(["external_id", "custom_attributes"]) == before
+
+
+def test_publish_current_writes_the_rows_readers_see(four_users: Path, tmp_path: Path) -> None:
+    ws = Workspace.open(four_users)
+    ws.call("POST", "/users/delete", {"external_ids": ["u3"]})
+    rows = publish_current(str(four_users), str(tmp_path / "out"))
+    published = pl.read_delta(str(tmp_path / "out" / "profiles"))
+    assert rows["profiles"] == published.height == 3
+    assert sorted(published["external_id"]) == ["u0", "u1", "u2"]

@@ -1,4 +1,4 @@
-"""The `engagelake` command line: `demo`, `apply`, `export` and `sql`.
+"""The `engagelake` command line: `demo`, `apply`, `export`, `sql`, `lineage`, `compact`, `publish`.
 
 Every command is a thin edge over `Workspace` (or, for `demo`, the `track_batch` flow, which
 calls `Workspace`). Heavy modules (polars, duckdb, deltalake, prefect) are imported inside the
@@ -270,6 +270,30 @@ def compact(store: Store = DEFAULT_STORE) -> None:
         workspace = _open_existing(store)
         kept = workspace.compact()
     _console().print("compacted: " + ", ".join(f"{name} {rows:,}" for name, rows in kept.items()))
+
+
+@app.command()
+def publish(
+    store: Store = DEFAULT_STORE,
+    out: Annotated[
+        str | None,
+        typer.Option("--out", "-o", help="Where to write the tables (a folder or URI); default STORE/current.",
+                     show_default=False),
+    ] = None,
+) -> None:
+    """Write every table's current rows as plain Delta tables, for readers outside engagelake
+    (Spark, DuckDB's delta_scan, pl.read_delta): one row per key, no tombstones, merged users'
+    events under the survivor. Each run replaces the last; OUT/_published.json names the batch.
+
+    Example: engagelake publish --store data/store
+    """
+    with _input_errors():
+        workspace = _open_existing(store)
+        with _console().status("publishing current rows..."):
+            rows = workspace.publish(out)
+    target = out or f"{store.rstrip('/')}/current"
+    _console().print(f"published batch {workspace.store.head.batch_no} to {target}: "
+                     + ", ".join(f"{name} {n:,}" for name, n in rows.items()))
 
 
 # --- demo steps ----------------------------------------------------------------------------------

@@ -45,6 +45,7 @@ if TYPE_CHECKING:
 
 Clock = Callable[[], datetime]
 MEMORY_ENV = "ENGAGELAKE_MEMORY_LIMIT"
+PUBLISHED_FOLDER = "current"  # where `publish` writes by default, inside the store
 # Long runs of track requests are applied in passes of at most this many requests (up to ~170k
 # objects): the same result as one pass (sequential application is the invariant), bounded memory.
 TRACK_RUN_MAX = 2000
@@ -384,6 +385,21 @@ class Workspace:
         """Compact the store (see `DeltaStore.compact`): afterwards the files hold only current
         rows, so a deleted user's data is gone from disk. Returns the rows kept per table."""
         return self.store.compact()
+
+    def publish(self, out: str | Path | None = None, *, tables: list[str] | None = None) -> dict[str, int]:
+        """Write the current rows of every table (or of `tables`) as plain Delta tables under
+        `out` (default: the store's `current` folder), for readers outside the library: Spark,
+        DuckDB's `delta_scan`, `pl.read_delta`. Each run replaces the last; the marker
+        `_published.json`, written last, names the batch shown. Returns the rows per table."""
+        from engagelake.store.publish import publish
+
+        names = list(TABLES) if tables is None else tables
+        unknown = [name for name in names if name not in TABLES]
+        if unknown:
+            raise KeyError(f"no table {unknown[0]!r}; tables: {', '.join(TABLES)}")
+        self.store.refresh()
+        target = out if out is not None else f"{self.store.uri.rstrip('/')}/{PUBLISHED_FOLDER}"
+        return publish(self.store.snapshot(), target, names, self.memory_limit)
 
     def lineage(self, identifier: str, *, kind: str = "external_id") -> pl.DataFrame:
         """Every lineage row of the profiles an identifier has named (now or in the past), and
