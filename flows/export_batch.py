@@ -1,7 +1,7 @@
 """Prefect flows `export_batch` and `export_all`: users out as `users.ndjson` + `users.parquet`.
 
 `export_batch` exports a list of external IDs through `POST /users/export/ids`, 50 IDs per
-request (the API's limit); `export_all` exports the whole store with `Workspace.export_users`.
+request (the API's limit); `export_all` streams the whole store with `Workspace.iter_users`, chunk by chunk.
 Both write `users.ndjson` (one exported user a line, shaped like the API's `users` elements)
 and `users.parquet` (one column per field; nested values such as `custom_attributes` as JSON
 text). Exports only read the store, so re-running them is always safe.
@@ -18,8 +18,9 @@ from prefect import flow, get_run_logger, task
 from prefect.utilities.annotations import quote
 
 from engagelake import Workspace
-from engagelake.files import read_identifiers, write_users_files
+from engagelake.files import read_identifiers, write_user_chunks, write_users_files
 from engagelake.rules.messages import EXPORT_FIELDS
+from engagelake.workspace import EXPORT_CHUNK_USERS
 from flows._retry import IO_TASK_OPTIONS
 
 EXPORT_PATH = "/users/export/ids"
@@ -68,9 +69,12 @@ def export_chunk(
 
 
 @task(name="export-users", **IO_TASK_OPTIONS)
-def export_every_user(workspace: Workspace, fields: list[str] | None) -> list[dict[str, Any]]:
-    """Every user of the store, shaped like the export endpoint's users."""
-    return workspace.export_users(fields)
+def export_every_user(workspace: Workspace, fields: list[str], out_dir: str,
+                      users_per_chunk: int) -> tuple[Path, Path, int]:
+    """Stream every user of the store, shaped like the export endpoint's users, chunk by chunk
+    into `users.ndjson` and `users.parquet`: memory follows a chunk, not the store."""
+    chunks = workspace.iter_users(fields, users_per_chunk=users_per_chunk)
+    return write_user_chunks(chunks, out_dir, fields)
 
 
 @task(name="write-users", **IO_TASK_OPTIONS)
@@ -112,12 +116,16 @@ def export_batch(
 
 @flow(name="export_all")
 def export_all(
-    out_dir: str, store: str = "data/store", fields: list[str] | None = None
+    out_dir: str,
+    store: str = "data/store",
+    fields: list[str] | None = None,
+    users_per_chunk: int = EXPORT_CHUNK_USERS,
 ) -> ExportResult:
-    """Export every user of the store into `out_dir`; `fields` defaults to every field."""
+    """Export every user of the store into `out_dir`, ordered by `service_id`; `fields`
+    defaults to every field."""
     logger = get_run_logger()
     workspace = Workspace.open(store)
-    users = export_every_user(workspace, fields)
-    ndjson_path, parquet_path = write_users(quote(users), out_dir)
-    logger.info("exported all %d users to %s", len(users), out_dir)
-    return ExportResult(len(users), ndjson_path, parquet_path)
+    fields_to_export = list(fields) if fields is not None else list(EXPORT_FIELDS)
+    ndjson_path, parquet_path, count = export_every_user(workspace, fields_to_export, out_dir, users_per_chunk)
+    logger.info("exported all %d users to %s", count, out_dir)
+    return ExportResult(count, ndjson_path, parquet_path)

@@ -244,19 +244,23 @@ def test_export_batch_takes_a_list_and_fields(tracked_store: Path, tmp_path: Pat
     assert [set(u) <= {"first_name"} for u in users] == [True, True]
 
 
-def test_export_all_writes_every_user(tracked_store: Path, tmp_path: Path) -> None:
-    result = export_all(
-        str(tmp_path / "all"), str(tracked_store), ["external_id", "custom_attributes"]
-    )
+@pytest.mark.parametrize("users_per_chunk", [7, 50_000])
+def test_export_all_writes_every_user(tracked_store: Path, tmp_path: Path, users_per_chunk: int) -> None:
+    fields = ["external_id", "custom_attributes", "random_bucket"]
+    result = export_all(str(tmp_path / "all"), str(tracked_store), fields, users_per_chunk)
 
     ws = Workspace.open(tracked_store)
     assert result.users == ws.table("profiles").collect().height == 60
     lines = (tmp_path / "all" / "users.ndjson").read_bytes().splitlines()
-    assert [orjson.loads(line) for line in lines] == ws.export_users(
-        ["external_id", "custom_attributes"]
-    )
+    by_id = sorted(ws.export_users(fields), key=lambda user: user["external_id"])
+    assert sorted((orjson.loads(line) for line in lines), key=lambda user: user["external_id"]) == by_id
     frame = pl.read_parquet(tmp_path / "all" / "users.parquet")
-    assert frame.columns == ["external_id", "custom_attributes"]
+    assert frame.columns == fields and frame.schema["random_bucket"] == pl.Int64
+    assert frame.sort("external_id")["external_id"].to_list() == [user["external_id"] for user in by_id]
+    import pyarrow.parquet as pq
+
+    groups = pq.read_metadata(tmp_path / "all" / "users.parquet").num_row_groups
+    assert (groups > 1) == (users_per_chunk < 60)  # one row group per chunk: written as streamed
 
 
 # --- identity flows ---------------------------------------------------------------------------

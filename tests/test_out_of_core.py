@@ -6,12 +6,14 @@ with column "*" for a whole table. These tests count those rows on a store of ma
 
 from __future__ import annotations
 
+import gc
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import polars as pl
+import pytest
 from tests.helpers import EXPORT, NOW, SEED, TRACK, iso
 
 from engagelake import Workspace
@@ -173,3 +175,33 @@ def test_a_process_that_only_reads_never_loads_duckdb(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
                          env={**os.environ, "PYTHONPATH": src})
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("users_per_chunk", [1, 100, 50_000])
+def test_iter_users_streams_every_user_once_by_key_ranges(tmp_path: Path, users_per_chunk: int) -> None:
+    ws = Workspace.open(_build(tmp_path), clock=lambda: NOW)
+    ws.call("POST", TRACK, {"attributes": [{"external_id": "u1", "plan": None, "first_name": "One"}],
+                            "events": [{"external_id": "u8", "name": "late", "time": iso(NOW)}]})
+    ws.call("POST", "/users/merge", {"merge_updates": [
+        {"identifier_to_merge": {"external_id": "u8"}, "identifier_to_keep": {"external_id": "u9"}}]})
+    ws.call("POST", "/users/delete", {"external_ids": ["u3"]})
+    chunks = list(ws.iter_users(users_per_chunk=users_per_chunk))
+    streamed = [user for chunk in chunks for user in chunk]
+    ids = [user["service_id"] for user in streamed]
+    assert ids == sorted(ids) and len(set(ids)) == len(ids) == USERS - 2  # u8 merged, u3 deleted
+    assert streamed == sorted(ws.export_users(), key=lambda user: user["service_id"])
+    u9 = next(user for user in streamed if user["external_id"] == "u9")
+    assert {e["name"]: e["count"] for e in u9["custom_events"]} == {"open": 2, "late": 1}  # u8's too
+    assert (len(chunks) > 1) == (users_per_chunk < USERS)  # cut at row-group starts of the runs
+
+
+def test_duckdb_spills_to_a_private_folder_removed_with_the_connection(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)  # DuckDB's own default would be ./.tmp here
+    ws = Workspace.open(tmp_path / "s")
+    con = ws.duckdb()
+    spill = Path(con.execute("select current_setting('temp_directory')").fetchall()[0][0])
+    assert spill.name.startswith(f"engagelake-duckdb-{os.getpid()}-") and spill.is_dir()
+    con.close()
+    del con
+    gc.collect()
+    assert not spill.exists() and not (tmp_path / ".tmp").exists()

@@ -188,10 +188,10 @@ def export(
     with _input_errors():
         workspace = _open_existing(store)
         if all_users:
-            users = workspace.export_users(fields_to_export)
-            body: dict[str, Any] = {"message": "success", "users": users}
-        else:
-            body = _export_ids(workspace, external_id or [], email, fields_to_export)
+            assert out is not None
+            _write_every_user(workspace, fields_to_export, out)
+            return
+        body = _export_ids(workspace, external_id or [], email, fields_to_export)
         if out is None:
             _console().print_json(data=body)
         else:
@@ -499,6 +499,26 @@ def _export_ids(
             f"/users/export/ids answered {response.status}: {(response.body or {}).get('message')}"
         )
     return response.body
+
+
+def _write_every_user(workspace: Workspace, fields: list[str] | None, out: Path) -> None:
+    """Stream every user into users.ndjson and users.parquet in `out`, chunk by chunk."""
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from engagelake.files import write_user_chunks
+    from engagelake.rules.messages import EXPORT_FIELDS
+
+    columns = (SpinnerColumn(), TextColumn("Exporting every user: {task.completed:,} so far"), TimeElapsedColumn())
+    with Progress(*columns, console=_console(), transient=True) as progress:
+        task = progress.add_task("export", total=None)
+
+        def chunks() -> Iterator[list[dict[str, Any]]]:
+            for chunk in workspace.iter_users(fields):
+                yield chunk
+                progress.advance(task, len(chunk))
+
+        ndjson, parquet, count = write_user_chunks(chunks(), out, fields or list(EXPORT_FIELDS))
+    _console().print(f"wrote {count:,} users to {ndjson} and {parquet}")
 
 
 def _write_export(users: list[dict[str, Any]], out: Path) -> None:

@@ -166,22 +166,37 @@ def read_identifiers(source: str | Path | Iterable[str]) -> list[str]:
     return list(dict.fromkeys(v.strip() for v in values if v.strip()))
 
 
-def users_frame(users: Sequence[dict[str, Any]]) -> pl.DataFrame:
-    """Exported users as a frame: one column per field (first appearance order), nested values
-    (objects, arrays) as JSON text."""
+# exported fields that are not text: the rest are strings, or objects and arrays kept as JSON text
+NUMERIC_EXPORT_FIELDS = {"random_bucket": "Int64", "total_revenue": "Float64"}
+
+
+def export_schema(fields: Sequence[str]) -> dict[str, pl.DataType]:
+    """The columns of exported users' Parquet file for `fields`, whoever the users are (a
+    streamed export writes chunk after chunk under one schema)."""
     import polars as pl
 
-    names = list(dict.fromkeys(name for user in users for name in user))
+    return {name: getattr(pl, NUMERIC_EXPORT_FIELDS.get(name, "String"))() for name in fields}
+
+
+def users_frame(users: Sequence[dict[str, Any]], schema: dict[str, pl.DataType] | None = None) -> pl.DataFrame:
+    """Exported users as a frame: one column per field (first appearance order, or `schema`'s
+    columns), nested values (objects, arrays) as JSON text."""
+    import polars as pl
+
+    names = list(schema) if schema is not None else list(dict.fromkeys(name for user in users for name in user))
     columns: dict[str, pl.Series] = {}
     for name in names:
         values = [user.get(name) for user in users]
-        if any(isinstance(v, dict | list) for v in values):
+        if schema is not None and name in NUMERIC_EXPORT_FIELDS:
+            columns[name] = pl.Series(name, values, dtype=schema[name], strict=False)
+        elif any(isinstance(v, dict | list) for v in values):
             text = [None if v is None else orjson.dumps(v).decode() for v in values]
             columns[name] = pl.Series(name, text, dtype=pl.String)
         else:
             series = pl.Series(name, values, strict=False)
             columns[name] = series.cast(pl.String) if series.dtype == pl.Null else series
-    return pl.DataFrame(columns, height=len(users))
+    frame = pl.DataFrame(columns, height=len(users))
+    return frame if schema is None else frame.cast(dict(schema.items()))
 
 
 def write_users_files(users: Sequence[dict[str, Any]], out_dir: str | Path) -> tuple[Path, Path]:
@@ -195,6 +210,29 @@ def write_users_files(users: Sequence[dict[str, Any]], out_dir: str | Path) -> t
     users_frame(users).write_parquet(partial)
     os.replace(partial, parquet)
     return ndjson, parquet
+
+
+def write_user_chunks(chunks: Iterable[Sequence[dict[str, Any]]], out_dir: str | Path,
+                      fields: Sequence[str]) -> tuple[Path, Path, int]:
+    """Stream chunks of exported users into `users.ndjson` and `users.parquet` (one row group
+    per chunk, columns `export_schema(fields)`) in `out_dir`; each file appears whole when all
+    is written. Returns both paths and the number of users."""
+    import pyarrow.parquet as pq
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    ndjson, parquet = out / "users.ndjson", out / "users.parquet"
+    partials = [path.with_name(f".{path.name}.partial") for path in (ndjson, parquet)]
+    schema = export_schema(fields)
+    count = 0
+    with partials[0].open("wb") as lines, pq.ParquetWriter(partials[1], users_frame([], schema).to_arrow().schema) as rows:
+        for chunk in chunks:
+            lines.write(b"".join(orjson.dumps(user) + b"\n" for user in chunk))
+            rows.write_table(users_frame(chunk, schema).to_arrow())
+            count += len(chunk)
+    for partial, path in zip(partials, (ndjson, parquet), strict=True):
+        os.replace(partial, path)
+    return ndjson, parquet, count
 
 
 def write_bytes_atomically(path: Path, data: bytes) -> None:

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import tempfile
 import uuid
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -36,6 +38,7 @@ from engagelake.rules.parse import parse_track
 from engagelake.rules.state import Changes, State, apply_changes
 from engagelake.rules.track import apply_track
 from engagelake.rules.validate import validate_track
+from engagelake.store import scratch
 from engagelake.store.delta import DeltaStore
 from engagelake.store.staging import StagedSource, Stages
 from engagelake.tables.schema import TABLES
@@ -46,6 +49,7 @@ if TYPE_CHECKING:
 Clock = Callable[[], datetime]
 MEMORY_ENV = "ENGAGELAKE_MEMORY_LIMIT"
 PUBLISHED_FOLDER = "current"  # where `publish` writes by default, inside the store
+EXPORT_CHUNK_USERS = 50_000  # users per chunk of a streamed export of every user
 # Long runs of track requests are applied in passes of at most this many requests (up to ~170k
 # objects): the same result as one pass (sequential application is the invariant), bounded memory.
 TRACK_RUN_MAX = 2000
@@ -443,7 +447,13 @@ class Workspace:
         self.store.refresh()
         limit = memory_limit or self.memory_limit
         import duckdb
-        con = duckdb.connect(config={"memory_limit": limit} if limit else {})
+        # spill to a private folder (DuckDB's default is `.tmp` in the working directory: a
+        # repository's or a notebook's), removed with the connection; a killed process's folder
+        # is swept by the next one
+        spill = scratch.make("duckdb")
+        config: dict[str, Any] = {"temp_directory": str(spill)} | ({"memory_limit": limit} if limit else {})
+        con = duckdb.connect(config=config)
+        weakref.finalize(con, shutil.rmtree, spill, True)
         return self.store.snapshot().duckdb(con)
 
     def sql(self, query: str) -> pl.DataFrame:
@@ -458,6 +468,24 @@ class Workspace:
         return out.with_columns(cs.datetime(time_zone="*").dt.convert_time_zone("UTC"))
 
     def export_users(self, fields_to_export: list[str] | None = None) -> list[dict[str, Any]]:
-        """Every user, shaped as `/users/export/ids` shapes them, in creation order."""
-        users = self.state["profiles"].sort("created_seq").select("service_id")
-        return export_frame(self.state, users, fields_to_export, self.clock())
+        """Every user, shaped as `/users/export/ids` shapes them, in creation order, in one
+        list: for stores that fit in memory (`iter_users` streams)."""
+        state = self.state
+        users = state["profiles"].sort("created_seq").select("service_id")
+        return export_frame(state, users, fields_to_export, self.clock())
+
+    def iter_users(self, fields_to_export: list[str] | None = None, *,
+                   users_per_chunk: int = EXPORT_CHUNK_USERS) -> Iterator[list[dict[str, Any]]]:
+        """Every user, shaped as `/users/export/ids` shapes them, in chunks of about
+        `users_per_chunk` users ordered by `service_id`, all as of one committed batch. Each
+        chunk is a range of keys, read from the row groups that hold it: memory follows the
+        chunk, not the store."""
+        self.store.refresh()
+        snapshot, clock = self.store.snapshot(), self.clock()
+        head = snapshot.head
+        for low, high in snapshot.key_ranges("profiles", users_per_chunk):
+            users = snapshot.in_range("profiles", low, high).select("service_id").sort("service_id")
+            if users.height:
+                state = State.over(snapshot, next_profile_n=head.next_profile_n,
+                                   next_update_seq=head.next_update_seq)
+                yield export_frame(state, users, fields_to_export, clock, point_reads=True)

@@ -129,9 +129,10 @@ def _ts(expr: pl.Expr) -> pl.Expr:
     return expr.dt.strftime(F.TIMESTAMP_OUT)
 
 
-def _rows(state: State, table: str, users: pl.DataFrame) -> pl.DataFrame:
-    """The table's rows of `users`: binary search for a page of users, a join for many."""
-    if users.height <= POINT_READS_MAX:
+def _rows(state: State, table: str, users: pl.DataFrame, point_reads: bool = False) -> pl.DataFrame:
+    """The table's rows of `users`: binary search for a page of users (or a range of them), a
+    join for many."""
+    if point_reads or users.height <= POINT_READS_MAX:
         return state.rows_where(table, "service_id", users["service_id"].to_list())
     return state[table].join(users.select("service_id"), on="service_id", how="semi")
 
@@ -151,32 +152,34 @@ def _summaries(log: pl.DataFrame, name_col: str, clock: datetime) -> dict[str, l
     return out
 
 
-def export_frame(state: State, users: pl.DataFrame, fields: list[str] | None, clock: datetime) -> list[dict[str, Any]]:
-    """Exported user objects for `users` (column `service_id`, in order)."""
+def export_frame(state: State, users: pl.DataFrame, fields: list[str] | None, clock: datetime, *,
+                 point_reads: bool = False) -> list[dict[str, Any]]:
+    """Exported user objects for `users` (column `service_id`, in order). With `point_reads`,
+    rows are read by key however many users there are (a chunk of a key range)."""
     want = set(fields) if fields is not None else set(M.EXPORT_FIELDS)
-    prof = users.join(_rows(state, "profiles", users), on="service_id", how="left").with_columns(
+    prof = users.join(_rows(state, "profiles", users, point_reads), on="service_id", how="left").with_columns(
         created_at=_ts(pl.col("created_at")), push_opted_in_at=_ts(pl.col("push_opted_in_at")))
     attrs: dict[str, dict[str, Any]] = {}
     if "custom_attributes" in want:
-        a = _rows(state, "attributes", users).sort("service_id", "name")
+        a = _rows(state, "attributes", users, point_reads).sort("service_id", "name")
         for sid, name, value in a.iter_rows():  # JSON shaping of the exported users' rows
             attrs.setdefault(sid, {})[name] = orjson.loads(value)
     aliases: dict[str, list[dict[str, str]]] = {}
     if "user_aliases" in want:
-        al = _rows(state, "aliases", users).sort("alias_label", "alias_name")
+        al = _rows(state, "aliases", users, point_reads).sort("alias_label", "alias_name")
         for label, name, sid in al.iter_rows():  # JSON shaping, as above
             aliases.setdefault(sid, []).append({"alias_name": name, "alias_label": label})
     tokens: dict[str, list[dict[str, str]]] = {}
     if want & {"push_tokens", "devices"}:
-        tk = _rows(state, "push_tokens", users).sort("update_seq", "pos")
+        tk = _rows(state, "push_tokens", users, point_reads).sort("update_seq", "pos")
         # JSON shaping, as above
         for app_id, token, device_id, sid in tk.select("app_id", "token", "device_id", "service_id").iter_rows():  # JSON shaping of one page of users: not hot
             t = {"app": app_id, "token": token}
             if device_id is not None:
                 t["device_id"] = device_id
             tokens.setdefault(sid, []).append(t)
-    events = _summaries(_rows(state, "events", users), "name", clock) if "custom_events" in want else {}
-    bought = _rows(state, "purchases", users) if want & {"purchases", "total_revenue"} else None
+    events = _summaries(_rows(state, "events", users, point_reads), "name", clock) if "custom_events" in want else {}
+    bought = _rows(state, "purchases", users, point_reads) if want & {"purchases", "total_revenue"} else None
     purchases = _summaries(bought, "product_id", clock) if bought is not None and "purchases" in want else {}
     revenue: dict[str, float] = {}
     if bought is not None and "total_revenue" in want:

@@ -43,6 +43,8 @@ from engagelake.store.runs import (
     SORT_BY,
     FooterCache,
     files_holding,
+    range_bounds,
+    read_range,
     read_where,
     sort_for_write,
     sort_order,
@@ -653,6 +655,28 @@ class Snapshot:
         if column not in key:
             current = current.filter(pl.col(column).is_in(values.implode()))
         return current.drop("_batch", "_deleted")
+
+    def key_ranges(self, name: str, rows: int) -> list[tuple[str, str | None]]:
+        """Ranges [low, high) of `name`'s sort column, about `rows` stored rows each, that
+        together cover every value (the last has no end)."""
+        column = SORT_BY[name]
+        cuts = range_bounds(self.files(name), column, rows, self.store.footers)
+        lows = ["", *cuts]
+        return list(zip(lows, [*cuts, None], strict=True))
+
+    def in_range(self, name: str, low: str, high: str | None) -> pl.DataFrame:
+        """Current rows of `name` whose sort column lies in [low, high)."""
+        key = KEYS[name]
+        assert key is not None and SORT_BY[name] in key, "ranges are of keyed, sorted tables"
+        if not self.files(name):
+            return empty(name)
+        hits = read_range(self.files(name), SORT_BY[name], low, high, self.store.footers, _stored_schema(name))
+        return (
+            hits.sort("_batch", maintain_order=True)
+            .unique(subset=list(key), keep="last", maintain_order=True)
+            .filter(~pl.col("_deleted"))
+            .drop("_batch", "_deleted")
+        )
 
     def current(self, name: str) -> pl.LazyFrame:
         """What readers see of `name`: current rows, and for the event and purchase logs the

@@ -35,7 +35,8 @@ TRUSTED_STAT_BYTES = 512
 # When more than 1/WHOLE_FILE_SHARE of a file's row groups match, scan the file instead.
 WHOLE_FILE_SHARE = 3
 # A probe with this many values per row group of a file reads the file whole without searching
-# its fences: spread values then hit nearly every row group (clustered ones cost one whole read).
+# its fences, unless its values lie within a few of the file's row groups (a range of users):
+# spread values then hit nearly every row group.
 WHOLE_FILE_KEYS_PER_GROUP = 4
 # Row groups whose range overlaps others are tested one by one; beyond this many (or 1% of
 # the file's row groups) the file is read whole.
@@ -82,6 +83,15 @@ class Fences:
     ends: np.ndarray | None = None  # its maximums (ascending too)
     order: np.ndarray | None = None  # the row group at each chain position
     wide: tuple[tuple[bytes, bytes, int], ...] = ()  # (min, max, row group) of the others
+
+    def spanned(self, low: bytes, high: bytes | None) -> list[int]:
+        """The row groups whose range meets [low, high) (no end when `high` is None)."""
+        assert self.starts is not None and self.ends is not None and self.order is not None
+        first = int(np.searchsorted(self.ends, low, side="left"))
+        last = len(self.starts) if high is None else int(np.searchsorted(self.starts, high, side="left"))
+        found = self.order[first:last].tolist() if last > first else []
+        found += [group for start, end, group in self.wide if end >= low and (high is None or start < high)]
+        return sorted(found)
 
     def groups(self, values: np.ndarray) -> list[int]:
         """The row groups that can hold any of the sorted `values`."""
@@ -225,6 +235,7 @@ def read_where(paths: list[str], column: str, values: pl.Series, footers: Footer
     """Rows of the files whose `column` is one of `values`, reading only the row groups whose
     fences admit them (whole files when a file has no fences)."""
     unique = values.unique()
+    low, high = unique.min(), unique.max()
     picked: list[pa.Table] = []
     whole: list[str] = []  # files where most row groups match: Polars' reader is faster there
     sorted_keys: tuple[np.ndarray, pa.Array, bool] | None = None
@@ -234,7 +245,8 @@ def read_where(paths: list[str], column: str, values: pl.Series, footers: Footer
         n_groups = fence.metadata.num_row_groups
         # the values the file holds if they spread like its rows: few in a small run
         sieve = unique.len() * fence.metadata.num_rows * WHOLE_FILE_SHARE < n_groups * total_rows
-        if fence.starts is None or (not sieve and unique.len() >= WHOLE_FILE_KEYS_PER_GROUP * n_groups):
+        if fence.starts is None or (not sieve and unique.len() >= WHOLE_FILE_KEYS_PER_GROUP * n_groups
+                                    and not _clustered(fence, low, high)):
             # no fences, or so many values that nearly every row group matches anyway (a big
             # batch): no search at all
             whole.append(path)
@@ -268,6 +280,56 @@ def read_where(paths: list[str], column: str, values: pl.Series, footers: Footer
         assert isinstance(frame, pl.DataFrame)
         frames.append(frame.select([pl.col(c).cast(t) for c, t in schema.items()]))
     return pl.concat(frames) if frames else pl.DataFrame(schema=schema)
+
+
+def _clustered(fence: Fences, low: object, high: object) -> bool:
+    """Whether values from `low` to `high` (a range of keys) lie within few of the file's row
+    groups: then the file is searched, however many values there are."""
+    if not isinstance(low, str) or not isinstance(high, str):
+        return False
+    spanned = fence.spanned(low.encode(), high.encode() + b"\x00")  # [low, high]
+    return len(spanned) * WHOLE_FILE_SHARE <= fence.metadata.num_row_groups
+
+
+def read_range(paths: list[str], column: str, low: str, high: str | None, footers: FooterCache,
+               schema: dict[str, pl.DataType]) -> pl.DataFrame:
+    """Rows of the files whose `column` lies in [low, high) (no end when `high` is None),
+    reading only the row groups whose fences meet the range."""
+    inside = pl.col(column) >= pl.lit(low)
+    if high is not None:
+        inside &= pl.col(column) < pl.lit(high)
+    picked: list[pa.Table] = []
+    whole: list[str] = []
+    bounds = (low.encode(), None if high is None else high.encode())
+    for path, fence in zip(paths, footers.fences_of(paths, column), strict=True):
+        groups = None if fence.starts is None else fence.spanned(*bounds)
+        if groups is None or len(groups) * WHOLE_FILE_SHARE > fence.metadata.num_row_groups:
+            whole.append(path)
+            continue
+        footers.groups_read += len(groups)
+        if groups:
+            picked.append(_open(path, fence.metadata).read_row_groups(groups))
+    frames = [pl.scan_parquet(whole, schema=schema).filter(inside).collect()] if whole else []
+    if picked:
+        frame = pl.from_arrow(pa.concat_tables(picked, promote_options="permissive"))
+        assert isinstance(frame, pl.DataFrame)
+        frames.append(frame.select([pl.col(c).cast(t) for c, t in schema.items()]).filter(inside))
+    return pl.concat(frames) if frames else pl.DataFrame(schema=schema)
+
+
+def range_bounds(paths: list[str], column: str, rows: int, footers: FooterCache) -> list[str]:
+    """Values of `column` that cut the files' key space into ranges of about `rows` rows each:
+    every so many row-group starts of all files together (the files of a run hold disjoint
+    ranges; a file without fences adds none)."""
+    fences = [fence for fence in footers.fences_of(paths, column) if fence.starts is not None]
+    starts = np.sort(np.concatenate([fence.starts for fence in fences])) if fences else np.array([], dtype=bytes)
+    if starts.size == 0:
+        return []
+    total = sum(fence.metadata.num_rows for fence in fences)
+    step = max(1, rows * starts.size // max(total, 1))
+    # a bound cut inside a character (a truncated statistic) only moves the cut a little
+    cuts = {bytes(start).decode(errors="ignore") for start in starts[step::step]}
+    return sorted(cuts - {""})
 
 
 def _sieve(path: str, metadata: pq.FileMetaData, column: str, groups: list[int], values: pa.Array,
