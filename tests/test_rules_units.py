@@ -15,10 +15,10 @@ from tests.test_apply_equals_call import (
 )
 
 from engagelake.rules import messages as M
-from engagelake.rules import parse
-from engagelake.rules.attributes import attribute_errors, fold_attributes
+from engagelake.rules.profile import parse
+from engagelake.rules.profile.attributes import attribute_errors, fold_attributes
+from engagelake.rules.profile.validate import normalize_email, normalize_phone, parse_time
 from engagelake.rules.state import Changes, State, apply_changes
-from engagelake.rules.validate import normalize_email, normalize_phone, parse_time
 
 OPS_SCHEMA = {
     "service_id": pl.String, "name": pl.String, "seq": pl.Int64, "kpos": pl.Int64, "op": pl.String,
@@ -154,7 +154,7 @@ def test_apply_changes_upserts_by_key_and_appends_logs():
 
 
 def test_parsing_in_chunks_equals_parsing_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Big passes are parsed in chunks, two at a time (`rules.parse.parse_track`): the frames,
+    """Big passes are parsed in chunks, two at a time (`rules.profile.parse.parse_track`): the frames,
     `seq` numbering included, are those of one parse. Bad bodies ride along."""
     texts = [orjson.dumps(r.get("body")).decode()
              for r in IDENTITIES_AND_ATTRIBUTES + PUSH_AND_SUBSCRIPTIONS + EVENTS_AND_PURCHASES

@@ -257,7 +257,7 @@ def lineage(
     if rows.height == 0:
         _console().print(f"no lineage for {kind} {identifier!r}")
         return
-    from engagelake.rules.lineage import describe
+    from engagelake.rules.identity.lineage import describe
 
     _print_frame(describe(rows), limit)
 
@@ -377,7 +377,7 @@ def _merge_duplicates(users: int, store: str, folder: Path) -> list[str]:
 def _print_lineage(workspace: Workspace, external_id: str) -> None:
     rows = workspace.lineage(external_id)
     _console().print(f"\nLineage: engagelake lineage {external_id}")
-    from engagelake.rules.lineage import describe
+    from engagelake.rules.identity.lineage import describe
 
     _print_frame(describe(rows), 10)
 

@@ -1,7 +1,7 @@
 """Routes of the one dispatch: path patterns with parameters, and the contract of a handler.
 
 Track and export are vectorized passes run by the workspace itself; identity endpoints run in
-vectorized runs (`rules/identity.py`); every other resource (SCIM, preference centers, catalogs,
+vectorized runs (`rules/identity/endpoints.py`); every other resource (SCIM, preference centers, catalogs,
 translations) is a handler `handler(ctx, request) -> Response` that reads `ctx.state` and
 writes through `ctx.write(changes)`, so its effects join the batch and commit atomically with it.
 """

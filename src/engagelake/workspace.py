@@ -32,12 +32,12 @@ from engagelake.resources.scim import Scim
 from engagelake.routing import Context, Handler, Request, Response, compile_pattern, split_path
 from engagelake.rules import messages as M
 from engagelake.rules.export import export_frame, export_ids
-from engagelake.rules.identity import IDENTITY_PATHS, apply_identity
-from engagelake.rules.lineage import lineage_rows
-from engagelake.rules.parse import parse_track
+from engagelake.rules.identity.endpoints import IDENTITY_PATHS, apply_identity
+from engagelake.rules.identity.lineage import lineage_rows
+from engagelake.rules.profile.parse import parse_track
+from engagelake.rules.profile.track import apply_track
+from engagelake.rules.profile.validate import validate_track
 from engagelake.rules.state import Changes, State, apply_changes
-from engagelake.rules.track import apply_track
-from engagelake.rules.validate import validate_track
 from engagelake.store import scratch
 from engagelake.store.delta import DeltaStore
 from engagelake.store.staging import StagedSource, Stages

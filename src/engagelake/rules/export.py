@@ -15,8 +15,8 @@ import polars as pl
 from engagelake.requests.models import ExportResponse, MessageResponse, dump
 from engagelake.rules import formats as F
 from engagelake.rules import messages as M
+from engagelake.rules.profile.validate import normalize_email, normalize_phone
 from engagelake.rules.state import State
-from engagelake.rules.validate import normalize_email, normalize_phone
 from engagelake.tables.schema import UTC_TS
 
 WINDOW = timedelta(days=90)

@@ -13,8 +13,8 @@ import polars as pl
 import pyarrow as pa
 
 from engagelake.rules import messages as M
-from engagelake.rules.identity_requests import ALIAS_SEP, MAX_ITEMS
-from engagelake.rules.validate import normalize_email, normalize_phone
+from engagelake.rules.identity.requests import ALIAS_SEP, MAX_ITEMS
+from engagelake.rules.profile.validate import normalize_email, normalize_phone
 
 SIDES = {"src": "identifier_to_merge", "tgt": "identifier_to_keep"}
 KINDS = ("external_id", "user_alias", "service_id", "email", "phone")

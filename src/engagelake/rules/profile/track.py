@@ -21,11 +21,11 @@ from typing import Any
 import polars as pl
 
 from engagelake.requests.models import TrackFatalResponse, TrackResponse, dump
-from engagelake.rules.attributes import attribute_errors, fold_attributes
 from engagelake.rules.messages import ERR_UNKNOWN_SERVICE_ID
-from engagelake.rules.parse import ARRAYS, ParsedTrack
+from engagelake.rules.profile.attributes import attribute_errors, fold_attributes
+from engagelake.rules.profile.parse import ARRAYS, ParsedTrack
+from engagelake.rules.profile.validate import ValidTrack
 from engagelake.rules.state import Changes, State
-from engagelake.rules.validate import ValidTrack
 from engagelake.tables.schema import UTC_TS
 
 SEP = "\x1f"  # joins alias label and name, app_id and token, into one key

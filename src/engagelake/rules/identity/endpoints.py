@@ -16,18 +16,18 @@ from typing import Any
 import orjson
 import polars as pl
 
-from engagelake.rules import identity_requests as R
 from engagelake.rules import messages as M
-from engagelake.rules.bulk_requests import parse_identifies, parse_merges
-from engagelake.rules.merge import MergeRun, contact_candidates, prioritize, strong_owners
-from engagelake.rules.profiles_merge import (
+from engagelake.rules.identity import requests as R
+from engagelake.rules.identity.bulk_requests import parse_identifies, parse_merges
+from engagelake.rules.identity.merge import MergeRun, contact_candidates, prioritize, strong_owners
+from engagelake.rules.identity.profiles_merge import (
     IDENTIFY_FIELDS,
     MERGE_FIELDS,
     merge_effects,
     remove_profiles,
 )
+from engagelake.rules.profile.track import service_ids
 from engagelake.rules.state import Changes, State, apply_changes
-from engagelake.rules.track import service_ids
 from engagelake.tables.schema import UTC_TS
 
 IDENTITY_PATHS: dict[str, str] = {

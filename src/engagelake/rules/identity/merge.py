@@ -15,8 +15,8 @@ from datetime import datetime
 import polars as pl
 
 from engagelake.rules import messages as M
-from engagelake.rules.identity_requests import ALIAS_SEP
-from engagelake.rules.profiles_merge import consistent_edges, merge_forest, subtree_first
+from engagelake.rules.identity.profiles_merge import consistent_edges, merge_forest, subtree_first
+from engagelake.rules.identity.requests import ALIAS_SEP
 from engagelake.rules.state import State
 
 SIDES = ("src", "tgt")

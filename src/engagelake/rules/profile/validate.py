@@ -16,7 +16,7 @@ import polars as pl
 
 from engagelake.rules import formats as F
 from engagelake.rules import messages as M
-from engagelake.rules.parse import ARRAYS, ParsedTrack
+from engagelake.rules.profile.parse import ARRAYS, ParsedTrack
 from engagelake.rules.reference import COUNTRY_CODES, LANGUAGE_CODES
 from engagelake.tables.schema import UTC_TS
 

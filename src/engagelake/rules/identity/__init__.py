@@ -1,0 +1,1 @@
+"""Identity rules: merge, identify, external ID rename/remove, aliases, delete, and lineage."""
