@@ -206,3 +206,25 @@ def test_a_point_probe_opens_only_the_files_that_can_hold_its_key(tmp_path: Path
     assert [u["external_id"] for u in export_users(ws, ["external_id"], external_ids=["b2-u1"])] == ["b2-u1"]
     read = [path for (path, column) in ws.store.footers._fences if column == "external_id"]
     assert len(read) == 1 and "b2-u1" in pl.read_parquet(read[0])["external_id"].to_list()
+
+
+def test_footers_are_kept_within_their_budget(tmp_path: Path) -> None:
+    """Parsed footers are big (about 8x their size on disk): the cache keeps the most recently
+    used within its budget and parses an evicted one again when a probe needs it."""
+    paths = [_write(tmp_path / f"f{i}.parquet", [f"{i}-{n:04d}" for n in range(2_000)], 100) for i in range(3)]
+    cost = pq.read_metadata(paths[0]).serialized_size * runs.FOOTER_MEMORY_FACTOR
+    footers = FooterCache(budget=2 * cost + cost // 2)  # room for two
+    for path in paths:
+        footers.fences(path, "k")
+    assert footers.footers_read == 3 and footers.held <= footers.budget
+    footers.fences(paths[2], "k")  # kept: no parse
+    assert footers.footers_read == 3
+    got = read_where(paths, "k", pl.Series(["0-0001", "1-0002", "2-0003"]), footers, SCHEMA)
+    assert sorted(got["k"].to_list()) == ["0-0001", "1-0002", "2-0003"]  # right, though evicted
+    assert footers.footers_read == 4 and footers.held <= footers.budget  # the first parsed again
+
+
+def test_the_footer_budget_is_half_the_memory_budget() -> None:
+    assert runs.footer_budget("2GB") == 1_000_000_000
+    assert runs.footer_budget("512MiB") == 256 * 2**20
+    assert runs.footer_budget(None) == runs.footer_budget("lots") == runs.FOOTER_CACHE_BYTES

@@ -43,6 +43,7 @@ from engagelake.store.runs import (
     SORT_BY,
     FooterCache,
     files_holding,
+    footer_budget,
     range_bounds,
     read_range,
     read_where,
@@ -138,7 +139,8 @@ class DeltaStore:
 
     def __init__(self, uri: str | Path, *, seed: str | None = None, memory_limit: str | None = None):
         self.uri = str(uri)
-        self.memory_limit = memory_limit  # DuckDB's budget for merges and compaction (spills beyond)
+        self.footers = FooterCache()
+        self.memory_limit = memory_limit
         self.merge_trigger = int(os.environ.get(MERGE_ENV) or merging.MERGE_TRIGGER)
         self.local = "://" not in self.uri  # a folder: file locks and markers work
         if self.local:
@@ -152,7 +154,6 @@ class DeltaStore:
         self._tables: dict[tuple[str, int], DeltaTable] = {}  # their loaded logs, for file statistics
         # per table version and column: each data file's (min, max) from the Delta log's statistics
         self._ranges: dict[tuple[str, int, str], dict[str, tuple[str | None, str | None]]] = {}
-        self.footers = FooterCache()
         self.column_scans: list[tuple[str, str]] = []  # probes that read a whole column (tests)
         self.merges: list[tuple[str, int, float]] = []  # run merges: (table, runs merged, seconds)
         # merge runs after each commit in a thread of their own (off the batch's latency); False
@@ -161,6 +162,17 @@ class DeltaStore:
         self._merger: threading.Thread | None = None
         self._merge_due: set[str] = set()  # tables the last commit left with runs to merge
         self.merge_errors: list[BaseException] = []  # a failed merge pass loses nothing (see merge_runs)
+
+    @property
+    def memory_limit(self) -> str | None:
+        """The store's memory budget ("2GB"): DuckDB's for merges and compaction (it spills
+        beyond), and half of it for the parsed footers probes keep."""
+        return self._memory_limit
+
+    @memory_limit.setter
+    def memory_limit(self, limit: str | None) -> None:
+        self._memory_limit = limit
+        self.footers.budget = footer_budget(limit)
 
     def _path(self, name: str) -> str:
         return f"{self.uri.rstrip('/')}/{name}"

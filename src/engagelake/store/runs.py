@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import bisect
 import functools
+import re
+from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -48,6 +50,11 @@ FILE_STATS_MAX_VALUES = 64
 # A file this small (a recent run) keeps its sort column in memory once sieved: at most a few
 # MiB per file, and the merge policy keeps few small runs per table.
 SIEVE_CACHE_ROWS = 65_536
+# A parsed footer takes about this many times its size on disk (pyarrow's thrift structures:
+# 656 MiB for the 82 MB of footers of a 10M-user store).
+FOOTER_MEMORY_FACTOR = 8
+# What the footers kept may take, unless the store's memory budget says otherwise (half of it).
+FOOTER_CACHE_BYTES = 1 << 30
 # Footers parsed at once by a cold probe: more threads than cores still overlap their reads.
 FOOTER_THREADS = 4
 # delta-rs truncates statistics at 64 bytes (a prefix for the minimum, a raised prefix for the
@@ -104,44 +111,63 @@ class Fences:
 
 
 class FooterCache:
-    """Parquet footers and fences of data files, read once per file."""
+    """Parquet footers and fences of data files, read once per file and kept within a budget:
+    a parsed footer takes about FOOTER_MEMORY_FACTOR times its size on disk, so a long-running
+    reader of a big store would otherwise hold several GiB of them. The least recently used go
+    first (a probe that needs them again parses them again)."""
 
-    def __init__(self, limit: int = 4096):
-        self._fences: dict[tuple[str, str], Fences] = {}
+    def __init__(self, budget: int = FOOTER_CACHE_BYTES):
+        self._fences: OrderedDict[tuple[str, str], Fences] = OrderedDict()
+        self._costs: dict[tuple[str, str], int] = {}
         self._columns: dict[tuple[str, str], pa.ChunkedArray] = {}  # small files' sort columns
-        self._limit = limit
+        self.budget = budget
+        self.held = 0  # estimated bytes of the footers and columns kept
         self.footers_read = 0  # for tests and benchmarks
         self.groups_read = 0  # row groups read whole (every column), likewise
 
     def fences(self, path: str, column: str) -> Fences:
-        key = (path, column)
-        if key not in self._fences:
-            self._keep(path, column, pq.read_metadata(path))
-        return self._fences[key]
+        return self.fences_of([path], column)[0]
 
     def fences_of(self, paths: list[str], column: str) -> list[Fences]:
         """The fences of every one of `paths`; footers not yet read are parsed side by side
         (pyarrow parses them without the GIL: a cold probe of a big store spends most of its
         time there)."""
-        missing = [path for path in paths if (path, column) not in self._fences]
-        if len(missing) > 1:
-            for path, metadata in zip(missing, _footer_pool().map(pq.read_metadata, missing), strict=True):
-                self._keep(path, column, metadata)
-        return [self.fences(path, column) for path in paths]
+        found: dict[str, Fences] = {}
+        for path in paths:
+            kept = self._fences.get((path, column))
+            if kept is not None:
+                self._fences.move_to_end((path, column))
+                found[path] = kept
+        missing = list(dict.fromkeys(path for path in paths if path not in found))
+        parsed = _footer_pool().map(pq.read_metadata, missing) if len(missing) > 1 else map(pq.read_metadata, missing)
+        for path, metadata in zip(missing, parsed, strict=True):
+            found[path] = self._keep(path, column, metadata)
+        return [found[path] for path in paths]
 
-    def _keep(self, path: str, column: str, metadata: pq.FileMetaData) -> None:
-        if len(self._fences) >= self._limit:
-            self._fences.clear()
-            self._columns.clear()
+    def _keep(self, path: str, column: str, metadata: pq.FileMetaData) -> Fences:
         self.footers_read += 1
-        self._fences[(path, column)] = _fences(metadata, column)
+        fences = _fences(metadata, column)
+        self._fences[(path, column)] = fences
+        self._charge((path, column), metadata.serialized_size * FOOTER_MEMORY_FACTOR)
+        return fences
 
+    def _charge(self, key: tuple[str, str], cost: int) -> None:
+        self._costs[key] = self._costs.get(key, 0) + cost
+        self.held += cost
+        while self.held > self.budget and len(self._fences) > 1:
+            oldest, _ = self._fences.popitem(last=False)
+            self.held -= self._costs.pop(oldest, 0)
+            self._columns.pop(oldest, None)
 
     def sort_column(self, path: str, column: str, metadata: pq.FileMetaData) -> pa.ChunkedArray:
         """`column` of a small file (at most SIEVE_CACHE_ROWS rows), read once."""
         key = (path, column)
         if key not in self._columns:
-            self._columns[key] = _open(path, metadata).read(columns=[column]).column(column)
+            kept = _open(path, metadata).read(columns=[column]).column(column)
+            if key in self._fences:  # charged with its file's footer, and dropped with it
+                self._columns[key] = kept
+                self._charge(key, kept.nbytes)
+            return kept
         return self._columns[key]
 
 
@@ -150,6 +176,17 @@ def _open(path: str, metadata: pq.FileMetaData) -> pq.ParquetFile:
     column chunks through the I/O pool cost 20-30% of a point read (object storage would want
     it back)."""
     return pq.ParquetFile(path, metadata=metadata, pre_buffer=False)
+
+
+def footer_budget(memory_limit: str | None) -> int:
+    """The footer cache's share of a memory budget written as DuckDB takes it ("2GB", "512MiB"):
+    half of it, or FOOTER_CACHE_BYTES when there is none (or it cannot be read)."""
+    found = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(i?)B?\s*", memory_limit or "", re.IGNORECASE)
+    if found is None:
+        return FOOTER_CACHE_BYTES
+    number, unit, binary = found.groups()
+    scale = (1024 if binary else 1000) ** " KMGT".index(unit.upper() or " ")
+    return int(float(number) * scale) // 2
 
 
 @functools.cache
