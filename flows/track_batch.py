@@ -44,7 +44,7 @@ def read_requests(path: Path) -> RequestFile:
 @task(name="apply-batch", **IO_TASK_OPTIONS)
 def apply_batch(workspace: Workspace, batch: RequestFile) -> list[Response]:
     """Apply one file's requests as one batch; retrying is safe under the batch's key."""
-    return workspace.apply(batch.requests, idempotency_key=batch.idempotency_key)
+    return workspace.apply(batch.iter_requests(), idempotency_key=batch.idempotency_key)
 
 
 @task(name="write-responses", **IO_TASK_OPTIONS)
@@ -99,7 +99,7 @@ def settle_runs(workspace: Workspace) -> None:
 
 
 def check_paths(batch: RequestFile, only: tuple[str, ...]) -> None:
-    for n, request in enumerate(batch.requests):
+    for n, request in enumerate(batch.iter_requests()):  # a first pass, decoded as it goes
         path = "/" + str(request.get("path", "")).strip("/")
         if path not in only:
             raise ConfigError(f"{batch.path.name}: request {n} goes to {path}; this flow applies only {', '.join(only)}")

@@ -40,7 +40,7 @@ def workload(folder: Path, *, users: int = 60, objects: int = 900, per_file: int
 
 
 def requests_of(paths: list[Path]) -> list[dict[str, Any]]:
-    return [request for path in paths for request in read_request_file(path).requests]
+    return [request for path in paths for request in read_request_file(path).iter_requests()]
 
 
 def tables(store: Path) -> dict[str, pl.DataFrame]:
@@ -72,7 +72,7 @@ def test_track_batch_applies_each_file_and_writes_its_responses(tmp_path: Path) 
     for a in applied:
         lines = read_responses_file(a.responses_path)
         assert a.responses_path == a.path.with_name(a.path.stem + ".responses.ndjson")
-        assert len(lines) == a.requests == len(read_request_file(a.path).requests)
+        assert len(lines) == a.requests == len(list(read_request_file(a.path).iter_requests()))
         assert all(line["status"] == 201 and line["body"]["message"] == "success" for line in lines)
         assert a.statuses == {201: a.requests}
     ws = Workspace.open(store)
@@ -113,7 +113,7 @@ def test_the_flow_and_the_library_share_the_idempotency_key(tmp_path: Path) -> N
     events = Workspace.open(store).table("events").collect().height
 
     batch = read_request_file(path)
-    again = Workspace.open(store).apply(batch.requests, idempotency_key=batch.idempotency_key)
+    again = Workspace.open(store).apply(batch.iter_requests(), idempotency_key=batch.idempotency_key)
 
     assert [{"status": r.status, "body": r.body} for r in again] == read_responses_file(
         applied.responses_path
@@ -174,11 +174,35 @@ def test_request_files_with_the_same_stem_are_refused(tmp_path: Path) -> None:
 
 
 def test_a_broken_request_file_names_the_file_and_line(tmp_path: Path) -> None:
-    good = orjson.dumps({"method": "POST", "path": TRACK, "body": {}}).decode()
-    (tmp_path / "broken.ndjson").write_text(f"{good}\n{{oops\n")
+    good = orjson.dumps({"method": "POST", "path": TRACK, "body": {"attributes": [{"external_id": "a"}]}}).decode()
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "broken.ndjson").write_text(f"{good}\n{{oops\n")
+    requests = read_request_file(tmp_path / "in" / "broken.ndjson").iter_requests()
+    assert next(requests)["path"] == TRACK  # decoded as drawn: line 2 is not read yet
 
     with pytest.raises(RequestFileError, match=r"broken\.ndjson line 2: not valid JSON"):
-        track_batch(str(tmp_path), str(tmp_path / "store"))
+        track_batch(str(tmp_path / "in"), str(tmp_path / "store"))
+    assert Workspace.open(tmp_path / "store").table("profiles").collect().height == 0  # line 1 neither
+
+
+def test_a_file_changed_while_it_is_applied_is_refused(tmp_path: Path) -> None:
+    path = write_ndjson(tmp_path / "batch.ndjson", [
+        {"method": "POST", "path": TRACK, "body": {"attributes": [{"external_id": f"u{i}"}]}} for i in range(3)])
+    batch = read_request_file(path)
+    path.write_bytes(path.read_bytes().replace(b'"u2"', b'"u9"'))  # same size, other bytes
+    ws = Workspace.open(tmp_path / "store")
+    with pytest.raises(RequestFileError, match="changed while it was applied"):
+        ws.apply(batch.iter_requests(), idempotency_key=batch.idempotency_key)
+    assert ws.table("profiles").collect().height == 0  # the batch did not commit
+
+
+def test_a_parquet_file_without_the_request_columns_is_refused_before_applying(tmp_path: Path) -> None:
+    pl.DataFrame({"method": ["POST"], "route": [TRACK]}).write_parquet(tmp_path / "odd.parquet")
+    with pytest.raises(RequestFileError, match=r"missing column\(s\) path, body"):
+        read_request_file(tmp_path / "odd.parquet")
+    (tmp_path / "junk.parquet").write_bytes(b"not parquet at all")
+    with pytest.raises(RequestFileError, match="not a readable Parquet file"):
+        read_request_file(tmp_path / "junk.parquet")
 
 
 @pytest.mark.parametrize(

@@ -130,7 +130,7 @@ def apply_files(
         for path in paths:
             batch = read_request_file(path)
             started = time.perf_counter()
-            responses = workspace.apply(batch.requests, idempotency_key=batch.idempotency_key)
+            responses = workspace.apply(batch.iter_requests(), idempotency_key=batch.idempotency_key)
             applied = write_responses_file(batch, responses, seconds=time.perf_counter() - started)
             table.add_row(*_applied_row(applied))
         with _console().status("Merging sorted runs"):  # they follow each commit, in a thread

@@ -17,8 +17,8 @@ from __future__ import annotations
 import hashlib
 import os
 from collections import Counter
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -28,10 +28,13 @@ from engagelake.errors import EngagelakeError
 
 if TYPE_CHECKING:
     import polars as pl
+    import pyarrow.parquet as pq
 
 REQUEST_SUFFIXES = (".ndjson", ".parquet")
 RESPONSES_SUFFIX = ".responses.ndjson"
 PARQUET_COLUMNS = ("method", "path", "body", "query")
+HASH_PIECE_BYTES = 1 << 20  # a request file is hashed in pieces of this size
+PARQUET_BATCH_ROWS = 4096  # Parquet requests decoded at a time
 
 
 class RequestFileError(EngagelakeError, ValueError):
@@ -51,11 +54,22 @@ class ResponseLike(Protocol):
 
 @dataclass(frozen=True)
 class RequestFile:
-    """One request file, read: its requests and the idempotency key of its exact bytes."""
+    """One request file: its path and the idempotency key of its exact bytes. Its requests are
+    decoded as they are drawn (`iter_requests`), so a landing file of any size never exists as
+    dicts: `Workspace.apply` takes them one at a time."""
 
     path: Path
     idempotency_key: str
-    requests: list[dict[str, Any]] = field(repr=False)
+
+    def iter_requests(self) -> Iterator[dict[str, Any]]:
+        """The file's requests, in order. A line or row that is not a request raises
+        `RequestFileError` naming it (inside `apply`, nothing of the batch is then committed);
+        so does a file whose bytes changed since its key was computed."""
+        digest = self.idempotency_key.rsplit(":", 1)[1]
+        if self.path.suffix == ".parquet":
+            yield from _parquet_requests(self.path, digest)
+        else:
+            yield from _ndjson_requests(self.path, digest)
 
 
 @dataclass(frozen=True)
@@ -98,18 +112,19 @@ def list_request_files(folder: str | Path) -> list[Path]:
 
 
 def read_request_file(path: str | Path) -> RequestFile:
-    """Read an NDJSON or Parquet request file; its key is `"<file name>:<sha256 of its bytes>"`."""
+    """An NDJSON or Parquet request file, its key `"<file name>:<sha256 of its bytes>"` (the
+    bytes are hashed in pieces; a Parquet file's columns are checked now, its rows as drawn)."""
     path = Path(path)
     if path.suffix not in REQUEST_SUFFIXES:
         msg = f"{path}: not a request file; expected a .ndjson or .parquet file"
         raise RequestFileError(msg)
-    data = path.read_bytes()
-    key = f"{path.name}:{hashlib.sha256(data).hexdigest()}"
+    digest = hashlib.sha256()
+    with path.open("rb") as data:
+        while piece := data.read(HASH_PIECE_BYTES):
+            digest.update(piece)
     if path.suffix == ".parquet":
-        requests = _parse_parquet(path, data)
-    else:
-        requests = _parse_ndjson(path, data)
-    return RequestFile(path=path, idempotency_key=key, requests=requests)
+        _parquet_columns(path, path.read_bytes())
+    return RequestFile(path=path, idempotency_key=f"{path.name}:{digest.hexdigest()}")
 
 
 def responses_path(path: str | Path) -> Path:
@@ -251,55 +266,67 @@ def _load_json(path: Path, text: bytes, where: str = "") -> Any:
         raise RequestFileError(msg) from error
 
 
-def _parse_ndjson(path: Path, data: bytes) -> list[dict[str, Any]]:
-    """One request object per non-blank line."""
-    requests = []
-    for number, line in enumerate(data.splitlines(), start=1):
-        if line.strip():
-            request = _load_json(path, line, f" line {number}")
-            requests.append(_check_request(request, path, f"line {number}"))
-    return requests
+def _ndjson_requests(path: Path, digest: str) -> Iterator[dict[str, Any]]:
+    """One request object per non-blank line, read a line at a time; the lines are hashed as
+    they go, and a file that no longer matches its key is refused at its end."""
+    hasher = hashlib.sha256()
+    with path.open("rb") as lines:
+        for number, line in enumerate(lines, start=1):
+            hasher.update(line)
+            if line.strip():
+                request = _load_json(path, line, f" line {number}")
+                yield _check_request(request, path, f"line {number}")
+    _check_unchanged(path, hasher.hexdigest(), digest)
 
 
-def _parse_parquet(path: Path, data: bytes) -> list[dict[str, Any]]:
+def _parquet_requests(path: Path, digest: str) -> Iterator[dict[str, Any]]:
     """Rows of `method`, `path`, `body` (JSON text) and optional `query` (JSON text or null),
-    parsed from the same bytes the idempotency key was computed from."""
-    import io
+    decoded a row group batch at a time from the same bytes the key was computed from."""
+    data = path.read_bytes()  # compressed columns: small beside the requests as dicts
+    _check_unchanged(path, hashlib.sha256(data).hexdigest(), digest)
+    file = _parquet_columns(path, data)
+    columns = [name for name in PARQUET_COLUMNS if name in file.schema_arrow.names]
+    number = 0
+    for batch in file.iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=columns):
+        cells = batch.to_pydict()
+        queries = cells.get("query") or [None] * batch.num_rows
+        for method, route, body, query in zip(cells["method"], cells["path"], cells["body"], queries, strict=True):
+            number += 1
+            where = f" row {number}"
+            request: dict[str, Any] = {
+                "method": method,
+                "path": route,
+                "body": None if body is None else _body(body),
+            }
+            if query is not None:
+                request["query"] = _load_json(path, _text(query), where)
+            yield _check_request(request, path, f"row {number}")
 
-    import polars as pl
+
+def _parquet_columns(path: Path, data: bytes) -> pq.ParquetFile:
+    """The Parquet request file, once its columns are known to be those of requests."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
 
     try:
-        frame = pl.read_parquet(io.BytesIO(data))
-    except pl.exceptions.PolarsError as error:
+        file = pq.ParquetFile(pa.BufferReader(data))
+    except (pa.ArrowException, OSError) as error:
         msg = f"{path}: not a readable Parquet file ({error})"
         raise RequestFileError(msg) from error
-    missing = [name for name in PARQUET_COLUMNS[:3] if name not in frame.columns]
+    missing = [name for name in PARQUET_COLUMNS[:3] if name not in file.schema_arrow.names]
     if missing:
         msg = (
             f"{path}: missing column(s) {', '.join(missing)}; a Parquet request file has the "
             "columns method, path, body (JSON text) and optionally query (JSON text)"
         )
         raise RequestFileError(msg)
-    queries = frame["query"].to_list() if "query" in frame.columns else [None] * frame.height
-    requests = []
-    rows = zip(
-        frame["method"].to_list(),
-        frame["path"].to_list(),
-        frame["body"].to_list(),
-        queries,
-        strict=True,
-    )
-    for number, (method, route, body, query) in enumerate(rows, start=1):
-        where = f" row {number}"
-        request: dict[str, Any] = {
-            "method": method,
-            "path": route,
-            "body": None if body is None else _body(body),
-        }
-        if query is not None:
-            request["query"] = _load_json(path, _text(query), where)
-        requests.append(_check_request(request, path, f"row {number}"))
-    return requests
+    return file
+
+
+def _check_unchanged(path: Path, found: str, digest: str) -> None:
+    if found != digest:
+        msg = f"{path} changed while it was applied (its idempotency key no longer matches); apply it again"
+        raise RequestFileError(msg)
 
 
 def _body(text: str | bytes) -> Any:
