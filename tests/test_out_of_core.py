@@ -109,13 +109,20 @@ def _sorted_rows(frame: pl.DataFrame) -> list[str]:
     return sorted(map(repr, frame.rows()))
 
 
-def test_polars_and_duckdb_readers_see_exactly_the_current_rows(tmp_path: Path) -> None:
+def changed_store(tmp_path: Path) -> Workspace:
+    """The store of `_build` after updates, an unset, a merge (u8 into u9) and a delete (u3):
+    its logs hold every kind of row a reader must not meet."""
     ws = Workspace.open(_build(tmp_path), clock=lambda: NOW)
     ws.call("POST", TRACK, {"attributes": [{"external_id": "u1", "plan": None, "first_name": "One"},
                                            {"external_id": "u2", "plan": "silver"}]})
     ws.call("POST", "/users/merge", {"merge_updates": [
         {"identifier_to_merge": {"external_id": "u8"}, "identifier_to_keep": {"external_id": "u9"}}]})
     ws.call("POST", "/users/delete", {"external_ids": ["u3"]})
+    return ws
+
+
+def test_polars_and_duckdb_readers_see_exactly_the_current_rows(tmp_path: Path) -> None:
+    ws = changed_store(tmp_path)
     for name in ws.table_names():
         lazy = ws.table(name)
         assert isinstance(lazy, pl.LazyFrame)

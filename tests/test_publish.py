@@ -9,25 +9,14 @@ from pathlib import Path
 import polars as pl
 from deltalake import DeltaTable
 from tests.helpers import NOW, TRACK
-from tests.test_out_of_core import USERS, _build, _sorted_rows
+from tests.test_out_of_core import USERS, _sorted_rows, changed_store
 
 from engagelake import Workspace
 from engagelake.store.publish import BATCH_KEY, MARKER
 
 
-def _changed(tmp_path: Path) -> Workspace:
-    """A store whose logs hold updates, an unset, a merge and a delete."""
-    ws = Workspace.open(_build(tmp_path), clock=lambda: NOW)
-    ws.call("POST", TRACK, {"attributes": [{"external_id": "u1", "plan": None, "first_name": "One"},
-                                           {"external_id": "u2", "plan": "silver"}]})
-    ws.call("POST", "/users/merge", {"merge_updates": [
-        {"identifier_to_merge": {"external_id": "u8"}, "identifier_to_keep": {"external_id": "u9"}}]})
-    ws.call("POST", "/users/delete", {"external_ids": ["u3"]})
-    return ws
-
-
 def test_every_published_table_holds_exactly_the_current_rows(tmp_path: Path) -> None:
-    ws = _changed(tmp_path)
+    ws = changed_store(tmp_path)
     raw = pl.read_delta(str(tmp_path / "s" / "profiles"))
     assert raw.height > USERS  # the log itself holds every version: what outside readers met
     rows = ws.publish()
@@ -45,7 +34,7 @@ def test_every_published_table_holds_exactly_the_current_rows(tmp_path: Path) ->
 
 
 def test_a_new_publication_replaces_the_last_and_names_its_batch(tmp_path: Path) -> None:
-    ws = _changed(tmp_path)
+    ws = changed_store(tmp_path)
     out = tmp_path / "published"
     ws.publish(out, tables=["profiles", "attributes"])
     first = json.loads((out / MARKER).read_text())
