@@ -227,7 +227,8 @@ class _Batch:
     def _stage(self) -> None:
         if self.stages is None:
             self.stages = Stages()
-        self.stages.add(self.changes, self.state.index_entries_stored())
+        # staged rows are whole: a later pass reads them back as the stored rows they shadow
+        self.stages.add(self.state.resolve_changes(self.changes), self.state.index_entries_stored())
         self.changes = Changes()
         assert self.stored is not None
         self.state = State.over(StagedSource(self.stored, self.stages), next_profile_n=self.state.next_profile_n,

@@ -15,6 +15,7 @@ from typing import Any
 import polars as pl
 
 from engagelake.tables.changes import Changes, remap_history
+from engagelake.tables.partial import PARTIAL, SET, fold_over, newest, sets
 from engagelake.tables.schema import HISTORY, INDEXES, KEYS, SCHEMAS, TABLES, empty
 from engagelake.tables.source import STAGED, RowSource
 
@@ -28,7 +29,11 @@ class State:
     the event and purchase logs it holds only the rows this batch appended, unless the log was
     read whole. `shadow[name]` lists the keys the batch wrote or deleted: stored rows of those
     keys are stale. `probed` remembers the values already looked up per (table, column), so a
-    key is read from the store once per batch. Tables in `whole` are complete in `known`."""
+    key is read from the store once per batch. Tables in `whole` are complete in `known`.
+
+    Partial rows (`tables/partial.py`) of keys whose row the batch holds fold into it at once;
+    the others wait in `pending[name]`, unread, and fold into their stored row when a rule
+    asks for it (or when the batch stages). A batch that only sets fields never reads them."""
 
     source: RowSource | None
     known: dict[str, pl.DataFrame]
@@ -40,6 +45,8 @@ class State:
     reads: list[tuple[str, str, int]] = field(default_factory=list)  # (table, column or "*", rows read)
     # (value, key) pairs of the stored rows read, per index: the index holds them already
     indexed: dict[str, list[pl.DataFrame]] = field(default_factory=dict)
+    # partial rows (with `SET`) of keys not read yet, one per key
+    pending: dict[str, pl.DataFrame] = field(default_factory=dict)
 
     @staticmethod
     def empty() -> State:
@@ -64,6 +71,9 @@ class State:
         assert self.source is not None
         stored = self._note_stored(name, self.source.scan(name).collect())
         self.reads.append((name, "*", stored.height))
+        pending = self.pending.pop(name, None)
+        if pending is not None:  # not in `shadow`: their stored rows are kept, folded
+            stored = fold_over(name, stored, pending)
         key = KEYS[name]
         if key is None:
             if name in HISTORY:
@@ -77,7 +87,13 @@ class State:
             else:
                 mine = self.known[name].clear()
             self.known[name] = pl.concat([stored, mine], how="vertical_relaxed")
+            if pending is not None:
+                self._shadow(name, pending.select(key))
         self.whole.add(name)
+
+    def _shadow(self, name: str, keys: pl.DataFrame) -> None:
+        old = self.shadow.get(name)
+        self.shadow[name] = keys if old is None else pl.concat([old, keys]).unique()
 
     # --- rows by key ---------------------------------------------------------------------------
     def rows_where(self, name: str, column: str, values: Any) -> pl.DataFrame:
@@ -85,6 +101,9 @@ class State:
         the values not looked up before in this batch. For the event and purchase logs `column`
         must be `service_id`: the rows of merged profiles redirected into them are included."""
         wanted = _values(values, self.known[name].schema[column])
+        if (pending := self.pending.get(name)) is not None:  # rows that may answer: fold them first
+            answer = pending.filter(pl.col(column).is_in(wanted.implode()) & sets(name, column))
+            self._resolve(name, answer)
         if name in self.whole:
             return self.known[name].filter(pl.col(column).is_in(wanted.implode()))
         if name in HISTORY:
@@ -118,10 +137,56 @@ class State:
             if held is not None and rows.height:
                 rows = rows.join(held, on=list(key), how="anti")
         self.reads.append((name, column, rows.height))
-        rows = self._note_stored(name, rows)
+        rows = self._fold_pending(name, self._note_stored(name, rows))
         if rows.height:
             self.known[name] = pl.concat([self.known[name], rows], how="vertical_relaxed")
         self.probed[(name, column)] = new if seen is None else pl.concat([seen, new])
+
+    def _resolve(self, name: str, partial: pl.DataFrame) -> None:
+        """Read the stored rows of `partial`'s keys and fold the pending rows into them."""
+        if partial.height == 0:
+            return
+        assert self.source is not None
+        lead = (KEYS[name] or ())[0]
+        rows = self.source.probe(name, lead, partial[lead].unique())
+        self.reads.append((name, lead, rows.height))
+        rows = self._fold_pending(name, self._note_stored(name, rows))
+        self.known[name] = pl.concat([self.known[name], rows], how="vertical_relaxed")
+
+    def _fold_pending(self, name: str, rows: pl.DataFrame) -> pl.DataFrame:
+        """`rows` (stored, current) with this batch's pending partial rows of their keys folded
+        in: those keys count as written by the batch from then on."""
+        pending = self.pending.get(name)
+        if pending is None or rows.height == 0:
+            return rows
+        key = list(KEYS[name] or ())
+        mine = pending.join(rows.select(key), on=key, how="semi")
+        if mine.height == 0:
+            return rows
+        rest = pending.join(mine.select(key), on=key, how="anti")
+        if rest.height:
+            self.pending[name] = rest
+        else:
+            del self.pending[name]
+        self._shadow(name, mine.select(key))
+        return fold_over(name, rows, mine)
+
+    def resolve_changes(self, changes: Changes) -> Changes:
+        """`changes` with their partial rows replaced by the whole rows they make (the stored
+        rows of pending keys are read now): staged rows are whole, like the store's bottom."""
+        for name in PARTIAL:
+            if not (parts := changes.parts.get(name)):
+                continue
+            rows = newest(name, pl.concat(parts))
+            partial = rows.filter(pl.col(SET).is_not_null())
+            if partial.height == 0:
+                continue
+            self._resolve(name, self.pending.get(name, partial.clear()))
+            key = list(KEYS[name] or ())
+            whole = self.known[name].join(partial.select(key), on=key, how="semi").with_columns(
+                _deleted=pl.lit(False), **{SET: pl.lit(None, pl.Int64)})
+            changes.parts[name] = [pl.concat([rows.filter(pl.col(SET).is_null()), whole.select(rows.columns)])]
+        return changes
 
     def _note_stored(self, name: str, rows: pl.DataFrame) -> pl.DataFrame:
         """Remember the index entries of stored rows just read (every stored row has its
@@ -161,12 +226,15 @@ def _values(values: Any, dtype: pl.DataType) -> pl.Series:
 
 
 def apply_changes(state: State, changes: Changes, *, next_profile_n: int, next_update_seq: int) -> State:
-    """The state after `changes`: keyed tables replace rows by key, logs append."""
-    known, shadow = dict(state.known), dict(state.shadow)
+    """The state after `changes`: keyed tables replace rows by key, logs append; partial rows
+    fold into the rows the batch holds, or wait in `pending`."""
+    known, shadow, pending = dict(state.known), dict(state.shadow), dict(state.pending)
     for name, (ups, dels) in changes.merged().items():
         key = KEYS[name]
         cur = known[name]
-        if key is not None:
+        if name in PARTIAL:
+            ups, pending = _partial_rows(name, cur, ups, dels, pending)
+        if key is not None and (ups is not None or dels is not None):
             gone = pl.concat([f.select(key) for f in (ups, dels) if f is not None])
             # a cheap one-column probe first: only rows of touched keys go through the join
             first = gone[key[0]].unique().implode()
@@ -185,4 +253,34 @@ def apply_changes(state: State, changes: Changes, *, next_profile_n: int, next_u
         known[name] = cur
     return State(state.source, known, shadow, set(state.whole), dict(state.probed),
                  next_profile_n=next_profile_n, next_update_seq=next_update_seq, reads=state.reads,
-                 indexed=state.indexed)
+                 indexed=state.indexed, pending=pending)
+
+
+def _partial_rows(name: str, held: pl.DataFrame, ups: pl.DataFrame | None, dels: pl.DataFrame | None,
+                  pending: dict[str, pl.DataFrame]) -> tuple[pl.DataFrame | None, dict[str, pl.DataFrame]]:
+    """Split a `PARTIAL` table's upserts: whole rows, plus partial rows folded into the `held`
+    rows of their keys, go on as upserts; the other partial rows join `pending`."""
+    key = list(KEYS[name] or ())
+    old = pending.get(name)
+    if ups is None:
+        partial = None
+    else:
+        partial = ups.filter(pl.col(SET).is_not_null())
+        ups = ups.filter(pl.col(SET).is_null()).drop(SET)
+    if old is not None:  # whole rows and deletes replace what was pending
+        for gone in (ups, dels):
+            if gone is not None and gone.height:
+                old = old.join(gone.select(key), on=key, how="anti")
+    if partial is not None and partial.height:
+        into = held.join(partial.select(key), on=key, how="semi")
+        folded = fold_over(name, into, partial)
+        ups = folded if ups is None else pl.concat([ups, folded], how="vertical_relaxed")
+        rest = partial.join(into.select(key), on=key, how="anti")
+        if rest.height:
+            old = rest if old is None else newest(name, pl.concat([old, rest.select(old.columns)]))
+    pending = {**pending}
+    if old is not None and old.height:
+        pending[name] = old
+    else:
+        pending.pop(name, None)
+    return (ups if ups is not None and ups.height else None), pending

@@ -51,6 +51,7 @@ from engagelake.store.runs import (
     sort_order,
 )
 from engagelake.tables.changes import Changes
+from engagelake.tables.partial import PARTIAL, SET, newest
 from engagelake.tables.schema import (
     HISTORY,
     INDEX_OF,
@@ -98,7 +99,12 @@ def _failpoint(name: str) -> None:
 
 
 def _stored_schema(name: str) -> dict[str, pl.DataType]:
-    return {**SCHEMAS[name], "_batch": pl.Int64(), "_deleted": pl.Boolean()}
+    """A table's columns as stored: its schema, the batch, the tombstone flag, and for `PARTIAL`
+    tables the mask of the fields a partial row sets (files written before it lack it: null)."""
+    schema = {**SCHEMAS[name], "_batch": pl.Int64(), "_deleted": pl.Boolean()}
+    if name in PARTIAL:
+        schema[SET] = pl.Int64()
+    return schema
 
 
 def _arrow_schema(name: str) -> pa.Schema:
@@ -479,7 +485,9 @@ class DeltaStore:
             self._create_table(name)
         data = sort_for_write(name, rows, KEYS[name]).to_arrow() if isinstance(rows, pl.DataFrame) else rows
         table = DeltaTable(self._path(name))  # loaded once: the write moves it to its new version
-        write_deltalake(table, data, mode="append", writer_properties=WRITER)
+        # a store written before partial rows gains their mask column with its first batch
+        write_deltalake(table, data, mode="append", writer_properties=WRITER,
+                        schema_mode="merge" if name in PARTIAL else None)
         versions[name] = table.version()
         if name in SORT_BY and self._merge_plan(self._runs_of(table, name)):
             self._merge_due.add(name)
@@ -495,7 +503,8 @@ class DeltaStore:
         assert order is not None
         schema = _arrow_schema(name)
         with merging.connection(self.memory_limit) as con:
-            sql = merging.merge_sql(list(_stored_schema(name)), KEYS[name], order, files, since=since, bottom=bottom)
+            sql = merging.merge_sql(name, list(_stored_schema(name)), KEYS[name], order, files, since=since,
+                                    bottom=bottom)
             table = DeltaTable(self._path(name))
             write_deltalake(table, merging.stream(con, sql, schema), mode="overwrite",
                             predicate=f"_batch >= {since}", writer_properties=WRITER)
@@ -532,7 +541,8 @@ class DeltaStore:
                     DeltaTable(self._path(name)).alter.set_table_properties(
                         {"delta.logRetentionDuration": "interval 0 days"})
                     write_deltalake(self._path(name), self._compacted(con, snap, name, batch_no, gone),
-                                    mode="overwrite", writer_properties=WRITER)
+                                    mode="overwrite", writer_properties=WRITER,
+                                    schema_mode="overwrite" if name in PARTIAL else None)
                     _failpoint(f"compact:{name}")
             kept = self._finish_compaction(batch_no, list(STORED))
             marker.unlink()
@@ -542,6 +552,8 @@ class DeltaStore:
                    gone: pl.Series) -> pa.RecordBatchReader | pa.Table:
         """The rows a compaction writes for `name`, stamped with the compaction's batch."""
         stamp = {"_batch": pl.lit(batch_no, pl.Int64), "_deleted": pl.lit(False)}
+        if name in PARTIAL:
+            stamp[SET] = pl.lit(None, pl.Int64)
         order = sort_order(name, KEYS[name])
         if order is None:  # small or order-keeping tables: read in commit order, in memory
             rows = snap.scan(name).collect()
@@ -557,7 +569,8 @@ class DeltaStore:
         if name in INDEXES:  # an index of the current rows only: stale entries go
             table, column = INDEXES[name]
             source = f'(SELECT DISTINCT {columns} FROM "{table}" WHERE "{column}" IS NOT NULL)'
-        sql = f'SELECT {columns}, {batch_no}::BIGINT AS _batch, false AS _deleted FROM {source} ORDER BY {by}'
+        mask = ", NULL::BIGINT AS _set" if name in PARTIAL else ""  # current rows are whole
+        sql = f'SELECT {columns}, {batch_no}::BIGINT AS _batch, false AS _deleted{mask} FROM {source} ORDER BY {by}'
         return merging.stream(con, sql, schema)
 
     def _finish_compaction(self, batch_no: int, tables: list[str]) -> dict[str, int]:
@@ -615,7 +628,7 @@ class Snapshot:
 
     def _stored(self, name: str) -> pl.LazyFrame | None:
         files = self.files(name)
-        return pl.scan_parquet(files, schema=_stored_schema(name)) if files else None
+        return pl.scan_parquet(files, schema=_stored_schema(name), missing_columns="insert") if files else None
 
     def scan(self, name: str) -> pl.LazyFrame:
         rows = self._stored(name)
@@ -624,8 +637,8 @@ class Snapshot:
         key = KEYS[name]
         rows = rows.sort("_batch", maintain_order=True)
         if key is not None:
-            rows = rows.unique(subset=list(key), keep="last", maintain_order=True).filter(~pl.col("_deleted"))
-        return rows.drop("_batch", "_deleted")
+            rows = newest(name, rows).filter(~pl.col("_deleted"))
+        return rows.select(list(SCHEMAS[name]))
 
     def _read_where(self, name: str, column: str, values: pl.Series) -> pl.DataFrame:
         """Stored rows (all versions) of `name` whose `column` is one of `values`: by fence
@@ -646,7 +659,7 @@ class Snapshot:
         key = KEYS[name]
         if key is None:
             hits = self._read_where(name, column, values)
-            return hits.sort("_batch", maintain_order=True).drop("_batch", "_deleted")
+            return hits.sort("_batch", maintain_order=True).select(list(SCHEMAS[name]))
         if column in key:  # every row of a matching key matches: one pass
             hits = self._read_where(name, column, values)
         else:  # a secondary column: the keys that ever had the value, then their newest rows
@@ -659,14 +672,10 @@ class Snapshot:
                 keys = keys.join(held, on=list(key), how="anti")
             lead = SORT_BY.get(name, key[0])
             hits = self._read_where(name, lead, keys[lead]).join(keys, on=list(key), how="semi")
-        current = (
-            hits.sort("_batch", maintain_order=True)
-            .unique(subset=list(key), keep="last", maintain_order=True)
-            .filter(~pl.col("_deleted"))
-        )
+        current = newest(name, hits.sort("_batch", maintain_order=True)).filter(~pl.col("_deleted"))
         if column not in key:
             current = current.filter(pl.col(column).is_in(values.implode()))
-        return current.drop("_batch", "_deleted")
+        return current.select(list(SCHEMAS[name]))
 
     def key_ranges(self, name: str, rows: int) -> list[tuple[str, str | None]]:
         """Ranges [low, high) of `name`'s sort column, about `rows` stored rows each, that
@@ -684,10 +693,9 @@ class Snapshot:
             return empty(name)
         hits = read_range(self.files(name), SORT_BY[name], low, high, self.store.footers, _stored_schema(name))
         return (
-            hits.sort("_batch", maintain_order=True)
-            .unique(subset=list(key), keep="last", maintain_order=True)
+            newest(name, hits.sort("_batch", maintain_order=True))
             .filter(~pl.col("_deleted"))
-            .drop("_batch", "_deleted")
+            .select(list(SCHEMAS[name]))
         )
 
     def current(self, name: str) -> pl.LazyFrame:
@@ -714,14 +722,13 @@ class Snapshot:
                 con.execute(f'CREATE OR REPLACE VIEW "{name}" AS SELECT * FROM "_empty_{name}"')
                 continue
             columns = ", ".join(f'"{c}"' for c in SCHEMAS[name])
-            raw = f"read_parquet([{', '.join(_sql_text(f) for f in files)}])"
+            raw = merging.read_files(files, partial=name in PARTIAL)
             key = KEYS[name]
             if key is None:
                 body = f"SELECT {columns} FROM {raw} ORDER BY _batch"
             else:
-                by = ", ".join(f'"{k}"' for k in key)
-                body = (f"SELECT {columns} FROM (SELECT * FROM {raw} QUALIFY row_number() OVER "
-                        f"(PARTITION BY {by} ORDER BY _batch DESC) = 1) WHERE NOT _deleted")
+                newest_rows = merging.newest_sql(name, list(_stored_schema(name)), key, f"SELECT * FROM {raw}")
+                body = f"SELECT {columns} FROM ({newest_rows}) WHERE NOT _deleted"
             if name in HISTORY:
                 con.execute(f'CREATE OR REPLACE VIEW "_stored_{name}" AS {body}')
                 body = (f'SELECT h.* REPLACE (coalesce(r."into", h.service_id) AS service_id) '

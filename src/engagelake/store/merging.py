@@ -27,6 +27,7 @@ import polars as pl
 import pyarrow as pa
 
 from engagelake.store import scratch
+from engagelake.tables.partial import PARTIAL, SET, field_bits
 
 if TYPE_CHECKING:
     import duckdb  # imported where used: a process that only reads never loads it
@@ -82,20 +83,48 @@ def plan(runs: list[Run], batch_rows: int, *, trigger: int = MERGE_TRIGGER,
     return runs[:taken]
 
 
-def merge_sql(columns: list[str], key: tuple[str, ...] | None, order: list[str], files: list[str], *,
+def merge_sql(name: str, columns: list[str], key: tuple[str, ...] | None, order: list[str], files: list[str], *,
               since: int, bottom: bool) -> str:
     """DuckDB SQL for the merged run: the rows of `files` from batch `since` on, the newest row
-    per key (tombstones dropped when the merge reaches the bottom run, where nothing older can
-    be shadowed), in `order`."""
-    listed = ", ".join(_text(f) for f in files)
+    per key with partial rows folded in (tombstones dropped when the merge reaches the bottom
+    run, where nothing older can be shadowed), in `order`."""
     cols = ", ".join(f'"{c}"' for c in columns)
-    rows = f"SELECT {cols} FROM read_parquet([{listed}]) WHERE _batch >= {since}"
+    rows = f"SELECT {cols} FROM {read_files(files, partial=name in PARTIAL)} WHERE _batch >= {since}"
     by = ", ".join(f'"{c}"' for c in order)
     if key is None:
         return f"SELECT {cols} FROM ({rows}) ORDER BY {by}"
-    keys = ", ".join(f'"{k}"' for k in key)
-    newest = f"SELECT * FROM ({rows}) QUALIFY row_number() OVER (PARTITION BY {keys} ORDER BY _batch DESC) = 1"
+    newest = newest_sql(name, columns, key, rows)
     return f"SELECT {cols} FROM ({newest})" + (" WHERE NOT _deleted" if bottom else "") + f" ORDER BY {by}"
+
+
+def read_files(files: list[str], *, partial: bool) -> str:
+    """DuckDB's reader of `files`; those of a `PARTIAL` table may lack the mask column (files
+    written before it), which then reads as null."""
+    listed = ", ".join(_text(f) for f in files)
+    return f"read_parquet([{listed}], union_by_name = true)" if partial else f"read_parquet([{listed}])"
+
+
+def newest_sql(name: str, columns: list[str], key: tuple[str, ...], rows: str) -> str:
+    """DuckDB SQL for the newest row per key of `rows` (each batch writes a key at most once, so
+    `_batch` orders a key's rows). For a `PARTIAL` table each field comes from the newest row
+    that sets it (`tables/partial.py`): a whole row (mask null) sets every field."""
+    keys = ", ".join(f'"{k}"' for k in key)
+    if name not in PARTIAL:
+        return f"SELECT * FROM ({rows}) QUALIFY row_number() OVER (PARTITION BY {keys} ORDER BY _batch DESC) = 1"
+    bits = field_bits(name)
+    picks = []
+    for c in columns:
+        if c in key:
+            continue
+        if c in bits:
+            picks.append(f'arg_max_null("{c}", _batch) FILTER (WHERE _set IS NULL OR (_set & {bits[c]}) <> 0) AS "{c}"')
+        elif c == "_deleted":  # only whole rows delete
+            picks.append('coalesce(arg_max_null(_deleted, _batch) FILTER (WHERE _set IS NULL), false) AS _deleted')
+        elif c == SET:
+            picks.append("CASE WHEN bool_or(_set IS NULL) THEN NULL ELSE bit_or(_set) END AS _set")
+        else:
+            picks.append(f'max("{c}") AS "{c}"')  # _batch
+    return f"SELECT {keys}, {', '.join(picks)} FROM ({rows}) GROUP BY {keys}"
 
 
 @contextmanager

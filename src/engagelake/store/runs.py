@@ -310,13 +310,22 @@ def read_where(paths: list[str], column: str, values: pl.Series, footers: Footer
             picked.append(rows.filter(pc.is_in(rows.column(column), exact)))
     footers.groups_read += sum(fence.metadata.num_row_groups for path, fence in zip(paths, fences, strict=True)
                                if path in whole)
-    frames = [pl.scan_parquet(whole, schema=schema).filter(pl.col(column).is_in(values.implode())).collect()
-              ] if whole else []
+    frames = [_scan(whole, schema).filter(pl.col(column).is_in(values.implode())).collect()] if whole else []
     if picked:
-        frame = pl.from_arrow(pa.concat_tables(picked, promote_options="permissive"))
-        assert isinstance(frame, pl.DataFrame)
-        frames.append(frame.select([pl.col(c).cast(t) for c, t in schema.items()]))
+        frames.append(_conformed(picked, schema))
     return pl.concat(frames) if frames else pl.DataFrame(schema=schema)
+
+
+def _scan(paths: list[str], schema: dict[str, pl.DataType]) -> pl.LazyFrame:
+    """Polars' reader of whole files; a column older files lack (a partial row's mask) is null."""
+    return pl.scan_parquet(paths, schema=schema, missing_columns="insert")
+
+
+def _conformed(tables: list[pa.Table], schema: dict[str, pl.DataType]) -> pl.DataFrame:
+    frame = pl.from_arrow(pa.concat_tables(tables, promote_options="permissive"))
+    assert isinstance(frame, pl.DataFrame)
+    return frame.select([(pl.col(c) if c in frame.columns else pl.lit(None)).cast(t).alias(c)
+                         for c, t in schema.items()])
 
 
 def _clustered(fence: Fences, low: object, high: object) -> bool:
@@ -346,11 +355,9 @@ def read_range(paths: list[str], column: str, low: str, high: str | None, footer
         footers.groups_read += len(groups)
         if groups:
             picked.append(_open(path, fence.metadata).read_row_groups(groups))
-    frames = [pl.scan_parquet(whole, schema=schema).filter(inside).collect()] if whole else []
+    frames = [_scan(whole, schema).filter(inside).collect()] if whole else []
     if picked:
-        frame = pl.from_arrow(pa.concat_tables(picked, promote_options="permissive"))
-        assert isinstance(frame, pl.DataFrame)
-        frames.append(frame.select([pl.col(c).cast(t) for c, t in schema.items()]).filter(inside))
+        frames.append(_conformed(picked, schema).filter(inside))
     return pl.concat(frames) if frames else pl.DataFrame(schema=schema)
 
 

@@ -7,28 +7,36 @@ from dataclasses import dataclass, field
 
 import polars as pl
 
+from engagelake.tables.partial import PARTIAL, SET, newest
 from engagelake.tables.schema import KEYS, TABLES, conform
 
 
 @dataclass
 class Changes:
-    """Rows a batch writes, in order: upserts of keyed tables (whole new rows), deleted keys,
-    appended log rows. For each key the last change wins."""
+    """Rows a batch writes, in order: upserts of keyed tables (whole new rows, or partial rows
+    of `PARTIAL` tables: `tables/partial.py`), deleted keys, appended log rows. For each key
+    the last change wins (partial rows fold into the rows before them)."""
 
     parts: dict[str, list[pl.DataFrame]] = field(default_factory=dict)
     # changes staged to files before `parts` (`store/staging.py`), read only when merged
     earlier: dict[str, list[pl.LazyFrame]] = field(default_factory=dict)
 
     def upsert(self, name: str, rows: pl.DataFrame) -> None:
+        """Upsert whole rows, or partial rows when `rows` has a `SET` mask column."""
         if rows.height:
-            self.parts.setdefault(name, []).append(conform(name, rows).with_columns(_deleted=pl.lit(False)))
+            part = conform(name, rows).with_columns(_deleted=pl.lit(False))
+            if name in PARTIAL:
+                part = part.with_columns((rows[SET] if SET in rows.columns else pl.lit(None, pl.Int64)).alias(SET))
+            self.parts.setdefault(name, []).append(part)
 
     def delete(self, name: str, keys: pl.DataFrame) -> None:
         key = KEYS[name]
         assert key is not None, f"{name} is append-only"
         if keys.height:
-            self.parts.setdefault(name, []).append(
-                conform(name, keys.select(key)).with_columns(_deleted=pl.lit(True)))
+            part = conform(name, keys.select(key)).with_columns(_deleted=pl.lit(True))
+            if name in PARTIAL:
+                part = part.with_columns(pl.lit(None, pl.Int64).alias(SET))
+            self.parts.setdefault(name, []).append(part)
 
     def extend(self, other: Changes) -> None:
         for name, frames in other.parts.items():
@@ -38,7 +46,8 @@ class Changes:
         return bool(self.parts or self.earlier)
 
     def merged(self) -> dict[str, tuple[pl.DataFrame | None, pl.DataFrame | None]]:
-        """Per table: (rows to write, keys deleted), the last change of each key winning."""
+        """Per table: (rows to write, keys deleted), the last change of each key winning. The
+        rows of a `PARTIAL` table carry their `SET` mask (null: a whole row)."""
         return dict(self.merged_tables())
 
     def merged_tables(self) -> Iterator[tuple[str, tuple[pl.DataFrame | None, pl.DataFrame | None]]]:
@@ -56,7 +65,7 @@ class Changes:
         mine = self.parts.get(name, [])
         rows = pl.concat([*staged, *(f.lazy() for f in mine)]).collect() if staged else pl.concat(mine)
         if key is not None:
-            rows = rows.unique(subset=list(key), keep="last", maintain_order=True)
+            rows = newest(name, rows)
         ups = rows.filter(~pl.col("_deleted")).drop("_deleted")
         dels = rows.filter(pl.col("_deleted")).select(key) if key is not None else None
         return ups if ups.height else None, dels if dels is not None and dels.height else None

@@ -26,7 +26,8 @@ from engagelake.rules.profile.attributes import attribute_errors, fold_attribute
 from engagelake.rules.profile.parse import ARRAYS, ParsedTrack
 from engagelake.rules.profile.validate import ValidTrack
 from engagelake.rules.state import Changes, State
-from engagelake.tables.schema import UTC_TS
+from engagelake.tables.partial import SET, mask_of
+from engagelake.tables.schema import UTC_TS, conform
 
 SEP = "\x1f"  # joins alias label and name, app_id and token, into one key
 
@@ -117,8 +118,17 @@ class _Batch:
             regular.filter(pl.col("kind") == "phone")["key"],
             fields.filter(pl.col("field") == "phone")["value"].drop_nulls(),
         ]).unique()
+        # a profile's stored row matters to a strong target only where it competes for an email
+        # or phone named by an email- or phone-identified object (its recency, its external ID,
+        # its creation order), or as a propagation source: else the batch writes partial rows
+        by_contact = regular.filter(pl.col("kind").is_in(["email", "phone"])).height > 0
+        contact_writers = (
+            self.strong_targets.join(fields.filter(pl.col("field").is_in(["email", "phone"])).select("seq"), on="seq")
+            ["target"].drop_nulls() if by_contact else strong_sids.clear()
+        )
         sids = pl.concat([
-            strong_sids,
+            sources,
+            contact_writers,
             regular.filter(pl.col("kind") == "sid")["key"],
             self.state_tokens["sid"],
         ]).unique()
@@ -405,27 +415,39 @@ def _changes(b: _Batch) -> tuple[Changes, int]:
     ]).sort("seq")
     updated = b.upd_tl.select(sid=real("sid"), seq="seq").group_by("sid").agg(pl.col("seq").max())
     touched = pl.concat([updated.select("sid"), writes.select("sid").unique()]).unique()
-    stored = state.rows_where("profiles", "service_id", touched.join(ids, left_on="sid", right_on="service_id",
-                                                                     how="anti")["sid"])
-    base = pl.concat([
-        stored,
-        new,
-    ], how="diagonal_relaxed")
+    # existing profiles get partial rows (`tables/partial.py`): the fields written, unread;
+    # new profiles whole rows
+    existing = touched.join(ids, left_on="sid", right_on="service_id", how="anti").select(service_id="sid")
+    base = pl.concat([existing, new], how="diagonal_relaxed")
+    base = conform("profiles", base).with_columns(
+        pl.when(pl.col("service_id").is_in(existing["service_id"].implode()))
+        .then(pl.lit(mask_of("profiles", []), pl.Int64)).alias(SET))
+
+    def write(field: str, when: pl.Expr, value: pl.Expr) -> pl.Expr:
+        return pl.when(when).then(value).otherwise(pl.col(field)).alias(field)
+
+    def mark(when: pl.Expr, *fields: str) -> pl.Expr:
+        return pl.when(when).then(pl.col(SET) | mask_of("profiles", list(fields))).otherwise(pl.col(SET)).alias(SET)
+
     last = writes.group_by("sid", "field").agg(pl.col("value").last())
     for field in last["field"].unique().to_list():
         vals = last.filter(pl.col("field") == field).select(
             pl.col("sid").alias("service_id"), pl.col("value").alias("_v"), _w=pl.lit(True))
         base = base.join(vals, on="service_id", how="left")
         v = pl.col("_v").str.json_decode(pl.List(pl.Float64)) if field == "last_coordinates" else pl.col("_v")
-        base = base.with_columns(pl.when(pl.col("_w")).then(v).otherwise(pl.col(field)).alias(field))
+        w = pl.col("_w").fill_null(False)
+        base = base.with_columns(write(field, w, v), mark(w, field))
         if field == "language":
-            base = base.with_columns(
-                language_explicit=pl.when(pl.col("_w")).then(pl.col("_v").is_not_null())
-                .otherwise(pl.col("language_explicit")))
+            base = base.with_columns(write("language_explicit", w, pl.col("_v").is_not_null()),
+                                     mark(w, "language_explicit"))
         base = base.drop("_v", "_w")
-    # push_opted_in_at: the clock, when push_subscribe changed to opted_in
+    # push_opted_in_at: the clock, when push_subscribe changed to opted_in (the one field
+    # whose rule reads the stored row)
+    push_writes = writes.filter(pl.col("field") == "push_subscribe")
+    stored = state.rows_where("profiles", "service_id", push_writes.join(
+        ids, left_on="sid", right_on="service_id", how="anti")["sid"].unique())
     push = (
-        writes.filter(pl.col("field") == "push_subscribe")
+        push_writes
         .join(stored.select(pl.col("service_id").alias("sid"), pl.col("push_subscribe").alias("old")),
               on="sid", how="left")
         .with_columns(prev=pl.col("value").shift(1).over("sid"), first=pl.int_range(pl.len()).over("sid") == 0)
@@ -433,11 +455,13 @@ def _changes(b: _Batch) -> tuple[Changes, int]:
         .filter((pl.col("value") == "opted_in") & (pl.col("prev").is_null() | (pl.col("prev") != "opted_in")))
         .select(pl.col("sid").alias("service_id")).unique().with_columns(_opt=pl.lit(True))
     )
+    opted = pl.col("_opt").fill_null(False)
     base = base.join(push, on="service_id", how="left").with_columns(
-        push_opted_in_at=pl.when(pl.col("_opt")).then(now).otherwise(pl.col("push_opted_in_at"))).drop("_opt")
+        write("push_opted_in_at", opted, now), mark(opted, "push_opted_in_at")).drop("_opt")
+    touch = pl.col("seq").is_not_null()
     base = base.join(updated.rename({"sid": "service_id"}), on="service_id", how="left").with_columns(
-        updated_at=pl.when(pl.col("seq").is_not_null()).then(now).otherwise(pl.col("updated_at")),
-        update_seq=pl.when(pl.col("seq").is_not_null()).then(pl.col("seq") + gbase).otherwise(pl.col("update_seq")),
+        write("updated_at", touch, now), write("update_seq", touch, pl.col("seq") + gbase),
+        mark(touch, "updated_at", "update_seq"),
     ).drop("seq")
     changes.upsert("profiles", base)
     # custom attributes

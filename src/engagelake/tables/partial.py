@@ -1,0 +1,97 @@
+"""Partial rows: a batch writes only the fields it sets, and readers fold them (merge on read).
+
+A track object that sets `first_name` on an existing user, or only touches it (an event moves
+`updated_at`), does not need the user's stored row: it writes a partial row that carries the
+key, the fields it sets and a bit mask of them (`SET`). Readers fold each key's rows, oldest
+first: a field takes its value from the newest row that sets it, a whole row (mask null, as
+every row of the other tables is) sets every field, and tombstones are whole rows. This is
+Apache Paimon's partial-update merge engine, with a mask instead of "null means unchanged", so
+that a partial row can also unset a field. Only `PARTIAL` tables have partial rows.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import TypeVar
+
+import polars as pl
+
+from engagelake.tables.schema import KEYS, SCHEMAS
+from engagelake.tables.source import STAGED
+
+SET = "_set"  # bit mask of the fields a partial row sets; null: a whole row (or a tombstone)
+PARTIAL = frozenset({"profiles"})
+
+Frame = TypeVar("Frame", pl.DataFrame, pl.LazyFrame)
+
+
+@functools.cache
+def field_bits(name: str) -> dict[str, int]:
+    """One bit per column of `name` (the key columns' bits are set in every row)."""
+    columns = list(SCHEMAS[name])
+    assert len(columns) < 63, "a mask is one Int64"
+    return {column: 1 << i for i, column in enumerate(columns)}
+
+
+def mask_of(name: str, columns: list[str]) -> int:
+    """The mask of a partial row that sets `columns` (the key included)."""
+    bits = field_bits(name)
+    return functools.reduce(int.__or__, (bits[c] for c in {*columns, *(KEYS[name] or ())}), 0)
+
+
+def sets(name: str, column: str) -> pl.Expr:
+    """Whether a row sets `column`: a whole row sets every column."""
+    return pl.col(SET).is_null() | ((pl.col(SET) & field_bits(name)[column]) != 0)
+
+
+def newest(name: str, rows: Frame) -> Frame:
+    """One row per key of a keyed table: the newest, with the partial rows of `PARTIAL` tables
+    folded into it. `rows` come oldest first and carry `_deleted`; a table's `SET` column, when
+    present, is kept (null once a whole row was folded in). Keys without partial rows keep the
+    order of `unique(keep="last")`; folded keys follow the place of their newest row too."""
+    key = list(KEYS[name] or ())
+    assert key, f"{name} is a log"
+    if name not in PARTIAL or SET not in rows.collect_schema().names():
+        return rows.unique(subset=key, keep="last", maintain_order=True)
+    if isinstance(rows, pl.DataFrame) and rows[SET].null_count() == rows.height:
+        return rows.unique(subset=key, keep="last", maintain_order=True)
+    columns = rows.collect_schema().names()
+    order = "_fold_order"
+    rows = rows.with_columns(pl.int_range(pl.len(), dtype=pl.Int64).alias(order))
+    partial_key = pl.col(SET).is_not_null().any().over(key)
+    plain = rows.filter(~partial_key).unique(subset=key, keep="last", maintain_order=True)
+    bits = field_bits(name)
+    whole = pl.col(SET).is_null()
+
+    def pick(column: str) -> pl.Expr:
+        if column in bits:
+            return pl.col(column).filter(whole | ((pl.col(SET) & bits[column]) != 0)).last()
+        if column == "_deleted":  # only whole rows delete (tombstones)
+            return pl.col(column).filter(whole).last().fill_null(False)
+        if column == STAGED:
+            return pl.col(column).any()
+        return pl.col(column).last()  # _batch, the order: the newest row's
+
+    folded = rows.filter(partial_key).group_by(key).agg(
+        *[pick(c) for c in columns if c not in key and c != SET], pick(order),
+        pl.when(whole.any()).then(None).otherwise(pl.col(SET).fill_null(0).bitwise_or()).alias(SET),
+    )
+    return (
+        pl.concat([plain, folded.select(plain.collect_schema().names())])
+        .sort(order).drop(order).select(columns)
+    )
+
+
+def fold_over(name: str, base: pl.DataFrame, partial: pl.DataFrame) -> pl.DataFrame:
+    """`base` (whole current rows, without `SET`) with the newer `partial` rows of its keys
+    folded in; keys `partial` lacks keep their row, keys `base` lacks are left out."""
+    key = list(KEYS[name] or ())
+    partial = partial.join(base.select(key), on=key, how="semi")
+    if partial.height == 0:
+        return base
+    both = pl.concat([base.with_columns(pl.lit(None, pl.Int64).alias(SET)), partial.select(*base.columns, SET)],
+                     how="vertical_relaxed")
+    if "_deleted" not in both.columns:
+        both = both.with_columns(_deleted=pl.lit(False))
+        return newest(name, both).drop("_deleted", SET)
+    return newest(name, both).drop(SET)
