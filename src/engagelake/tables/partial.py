@@ -47,19 +47,17 @@ def sets(name: str, column: str) -> pl.Expr:
 def newest(name: str, rows: Frame) -> Frame:
     """One row per key of a keyed table: the newest, with the partial rows of `PARTIAL` tables
     folded into it. `rows` come oldest first and carry `_deleted`; a table's `SET` column, when
-    present, is kept (null once a whole row was folded in). Keys without partial rows keep the
-    order of `unique(keep="last")`; folded keys follow the place of their newest row too."""
+    present, is kept (null once a whole row was folded in). Rows keep the order of
+    `unique(keep="last")`: each key at the place of its newest row."""
     key = list(KEYS[name] or ())
     assert key, f"{name} is a log"
+    latest = rows.unique(subset=key, keep="last", maintain_order=True)
     if name not in PARTIAL or SET not in rows.collect_schema().names():
-        return rows.unique(subset=key, keep="last", maintain_order=True)
+        return latest
     if isinstance(rows, pl.DataFrame) and rows[SET].null_count() == rows.height:
-        return rows.unique(subset=key, keep="last", maintain_order=True)
-    columns = rows.collect_schema().names()
-    order = "_fold_order"
-    rows = rows.with_columns(pl.int_range(pl.len(), dtype=pl.Int64).alias(order))
-    partial_key = pl.col(SET).is_not_null().any().over(key)
-    plain = rows.filter(~partial_key).unique(subset=key, keep="last", maintain_order=True)
+        return latest
+    # only the keys with partial rows are folded (few: recent batches), then patched in
+    touched = rows.filter(pl.col(SET).is_not_null()).select(key).unique()
     bits = field_bits(name)
     whole = pl.col(SET).is_null()
 
@@ -70,16 +68,14 @@ def newest(name: str, rows: Frame) -> Frame:
             return pl.col(column).filter(whole).last().fill_null(False)
         if column == STAGED:
             return pl.col(column).any()
-        return pl.col(column).last()  # _batch, the order: the newest row's
+        return pl.col(column).last()  # _batch: the newest row's
 
-    folded = rows.filter(partial_key).group_by(key).agg(
-        *[pick(c) for c in columns if c not in key and c != SET], pick(order),
+    columns = rows.collect_schema().names()
+    folded = rows.join(touched, on=key, how="semi").group_by(key).agg(
+        *[pick(c) for c in columns if c not in key and c != SET],
         pl.when(whole.any()).then(None).otherwise(pl.col(SET).fill_null(0).bitwise_or()).alias(SET),
     )
-    return (
-        pl.concat([plain, folded.select(plain.collect_schema().names())])
-        .sort(order).drop(order).select(columns)
-    )
+    return latest.update(folded, on=key, include_nulls=True)
 
 
 def fold_over(name: str, base: pl.DataFrame, partial: pl.DataFrame) -> pl.DataFrame:
