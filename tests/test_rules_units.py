@@ -19,6 +19,7 @@ from engagelake.rules.profile import parse
 from engagelake.rules.profile.attributes import attribute_errors, fold_attributes
 from engagelake.rules.profile.validate import normalize_email, normalize_phone, parse_time
 from engagelake.rules.state import Changes, State, apply_changes
+from engagelake.tables.partial import SET, mask_of
 
 OPS_SCHEMA = {
     "service_id": pl.String, "name": pl.String, "seq": pl.Int64, "kpos": pl.Int64, "op": pl.String,
@@ -151,6 +152,20 @@ def test_apply_changes_upserts_by_key_and_appends_logs():
     ch.delete("attributes", pl.DataFrame({"service_id": ["u"], "name": ["b"]}))
     s2 = apply_changes(state, ch, next_profile_n=0, next_update_seq=0)
     assert_frame_equal(s2["attributes"], pl.DataFrame({"service_id": ["u"], "name": ["a"], "value": ["3"]}))
+
+
+def test_apply_changes_folds_partial_rows_into_the_rows_it_holds():
+    state = State.empty()
+    ch = Changes()
+    ch.upsert("profiles", pl.DataFrame({"service_id": ["u"], "first_name": ["Ann"], "email": ["a@x.io"]}))
+    s1 = apply_changes(state, ch, next_profile_n=1, next_update_seq=0)
+    ch = Changes()
+    ch.upsert("profiles", pl.DataFrame({"service_id": ["u", "nobody"], "first_name": [None, "B"], "email": ["b@x.io"] * 2,
+                                        SET: [mask_of("profiles", ["first_name"])] * 2}))
+    s2 = apply_changes(s1, ch, next_profile_n=1, next_update_seq=0)
+    row = s2["profiles"].row(0, named=True)
+    assert s2["profiles"].height == 1 and row["first_name"] is None and row["email"] == "a@x.io"  # unset; kept
+    assert s2.pending == {}  # a whole table has no row for `nobody` to fold into
 
 
 def test_parsing_in_chunks_equals_parsing_at_once(monkeypatch: pytest.MonkeyPatch) -> None:

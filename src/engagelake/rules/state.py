@@ -233,7 +233,7 @@ def apply_changes(state: State, changes: Changes, *, next_profile_n: int, next_u
         key = KEYS[name]
         cur = known[name]
         if name in PARTIAL:
-            ups, pending = _partial_rows(name, cur, ups, dels, pending)
+            ups, pending = _partial_rows(name, cur, ups, dels, pending, whole=name in state.whole)
         if key is not None and (ups is not None or dels is not None):
             gone = pl.concat([f.select(key) for f in (ups, dels) if f is not None])
             # a cheap one-column probe first: only rows of touched keys go through the join
@@ -257,9 +257,10 @@ def apply_changes(state: State, changes: Changes, *, next_profile_n: int, next_u
 
 
 def _partial_rows(name: str, held: pl.DataFrame, ups: pl.DataFrame | None, dels: pl.DataFrame | None,
-                  pending: dict[str, pl.DataFrame]) -> tuple[pl.DataFrame | None, dict[str, pl.DataFrame]]:
+                  pending: dict[str, pl.DataFrame], *, whole: bool) -> tuple[pl.DataFrame | None, dict[str, pl.DataFrame]]:
     """Split a `PARTIAL` table's upserts: whole rows, plus partial rows folded into the `held`
-    rows of their keys, go on as upserts; the other partial rows join `pending`."""
+    rows of their keys, go on as upserts; the other partial rows join `pending` (in a `whole`
+    table they have no row to fold into, and go)."""
     key = list(KEYS[name] or ())
     old = pending.get(name)
     if ups is None:
@@ -276,7 +277,7 @@ def _partial_rows(name: str, held: pl.DataFrame, ups: pl.DataFrame | None, dels:
         folded = fold_over(name, into, partial)
         ups = folded if ups is None else pl.concat([ups, folded], how="vertical_relaxed")
         rest = partial.join(into.select(key), on=key, how="anti")
-        if rest.height:
+        if rest.height and not whole:
             old = rest if old is None else newest(name, pl.concat([old, rest.select(old.columns)]))
     pending = {**pending}
     if old is not None and old.height:
