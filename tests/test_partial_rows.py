@@ -24,7 +24,7 @@ import engagelake.store.delta as delta
 import engagelake.workspace as workspace
 from engagelake import Workspace
 from engagelake.store import merging
-from engagelake.tables.partial import SET, field_bits, mask_of, newest
+from engagelake.tables.partial import SET, field_bits, fold_over, mask_of, newest
 from engagelake.tables.schema import SCHEMAS
 
 FIELDS = ["first_name", "email", "update_seq"]  # the fields the model varies
@@ -93,6 +93,22 @@ def test_the_fold_matches_the_model_in_polars_and_duckdb(rows: list[dict[str, An
     con.register("raw", frame.to_arrow())
     sql = merging.newest_sql("profiles", frame.columns, ("service_id",), "SELECT * FROM raw")
     assert _as_model(con.sql(sql).pl()) == want
+
+
+@settings(max_examples=100, deadline=None)
+@given(histories(), st.data())
+def test_folding_partial_rows_over_whole_rows_equals_the_fold(rows: list[dict[str, Any]], data: st.DataObject) -> None:
+    """`fold_over` (a join, column by column) equals `newest` over the same rows: whole rows of
+    some keys, then one partial row for some of those keys and for others."""
+    base = newest("profiles", _frame([r | {SET: None, "_deleted": False} for r in rows]))
+    keys = data.draw(st.lists(st.sampled_from(["k1", "k2", "k3", "k4"]), unique=True))
+    chosen = data.draw(st.lists(st.sampled_from(FIELDS), unique=True))
+    partial = _frame([{"service_id": k, **{f: f"p-{k}" if f != "update_seq" else 99 for f in FIELDS},
+                       "_batch": 100, "_deleted": False, SET: mask_of("profiles", chosen)} for k in keys])
+    want = newest("profiles", pl.concat([base, partial])).filter(
+        pl.col("service_id").is_in(base["service_id"].implode())).drop("_batch", "_deleted", SET)
+    got = fold_over("profiles", base.drop("_batch", "_deleted", SET), partial.drop("_batch", "_deleted"))
+    assert got.sort("service_id").equals(want.sort("service_id"))
 
 
 def test_keys_without_partial_rows_keep_the_order_of_their_newest_row() -> None:

@@ -173,7 +173,8 @@ class State:
 
     def resolve_changes(self, changes: Changes) -> Changes:
         """`changes` with their partial rows replaced by the whole rows they make (the stored
-        rows of pending keys are read now): staged rows are whole, like the store's bottom."""
+        rows of pending keys are read now): staged rows are whole, like the store's bottom.
+        The state is not updated: a batch starts a new one after staging."""
         for name in PARTIAL:
             if not (parts := changes.parts.get(name)):
                 continue
@@ -181,10 +182,16 @@ class State:
             partial = rows.filter(pl.col(SET).is_not_null())
             if partial.height == 0:
                 continue
-            self._resolve(name, self.pending.get(name, partial.clear()))
             key = list(KEYS[name] or ())
-            whole = self.known[name].join(partial.select(key), on=key, how="semi").with_columns(
-                _deleted=pl.lit(False), **{SET: pl.lit(None, pl.Int64)})
+            # a partial key's current row: held (folded in as it came, or read since), or pending
+            current = [self.known[name].join(partial.select(key), on=key, how="semi")]
+            if (pending := self.pending.get(name)) is not None:
+                assert self.source is not None
+                lead = key[0]
+                stored = self.source.probe(name, lead, pending[lead].unique())
+                self.reads.append((name, lead, stored.height))
+                current.append(fold_over(name, self._note_stored(name, stored), pending))
+            whole = pl.concat(current).with_columns(_deleted=pl.lit(False), **{SET: pl.lit(None, pl.Int64)})
             changes.parts[name] = [pl.concat([rows.filter(pl.col(SET).is_null()), whole.select(rows.columns)])]
         return changes
 

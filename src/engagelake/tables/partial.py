@@ -54,10 +54,16 @@ def newest(name: str, rows: Frame) -> Frame:
     latest = rows.unique(subset=key, keep="last", maintain_order=True)
     if name not in PARTIAL or SET not in rows.collect_schema().names():
         return latest
-    if isinstance(rows, pl.DataFrame) and rows[SET].null_count() == rows.height:
-        return latest
-    # only the keys with partial rows are folded (few: recent batches), then patched in
-    touched = rows.filter(pl.col(SET).is_not_null()).select(key).unique()
+    partial = pl.col(SET).is_not_null()
+    if isinstance(rows, pl.DataFrame):
+        # a key's only row needs no fold: fold the keys with several rows, one of them partial
+        several = rows.filter(pl.struct(key).is_duplicated() if len(key) > 1 else pl.col(key[0]).is_duplicated())
+        touched = several.filter(partial).select(key).unique()
+        if touched.height == 0:
+            return latest
+        rows = several
+    else:
+        touched = rows.filter(partial).select(key).unique()
     bits = field_bits(name)
     whole = pl.col(SET).is_null()
 
@@ -80,14 +86,16 @@ def newest(name: str, rows: Frame) -> Frame:
 
 def fold_over(name: str, base: pl.DataFrame, partial: pl.DataFrame) -> pl.DataFrame:
     """`base` (whole current rows, without `SET`) with the newer `partial` rows of its keys
-    folded in; keys `partial` lacks keep their row, keys `base` lacks are left out."""
+    folded in, column by column; keys `partial` lacks keep their row, keys `base` lacks are
+    left out."""
     key = list(KEYS[name] or ())
-    partial = partial.join(base.select(key), on=key, how="semi")
-    if partial.height == 0:
-        return base
-    both = pl.concat([base.with_columns(pl.lit(None, pl.Int64).alias(SET)), partial.select(*base.columns, SET)],
-                     how="vertical_relaxed")
-    if "_deleted" not in both.columns:
-        both = both.with_columns(_deleted=pl.lit(False))
-        return newest(name, both).drop("_deleted", SET)
-    return newest(name, both).drop(SET)
+    if partial.select(key).is_duplicated().any():
+        partial = newest(name, partial.with_columns(_deleted=pl.lit(False))).drop("_deleted")
+    bits = field_bits(name)
+    fields = [c for c in base.columns if c in bits and c not in key]
+    suffix = "_partial"
+    patch = partial.select(*key, SET, *[pl.col(c).alias(c + suffix) for c in fields])
+    joined = base.join(patch, on=key, how="left", maintain_order="left")
+    return joined.select([
+        pl.when((pl.col(SET) & bits[c]) != 0).then(pl.col(c + suffix)).otherwise(pl.col(c)).alias(c)
+        if c in fields else pl.col(c) for c in base.columns])
