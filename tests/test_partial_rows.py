@@ -174,6 +174,11 @@ def test_push_opt_in_reads_the_stored_row_it_compares_with(tmp_path: Path) -> No
 def test_partial_rows_fold_through_run_merges_and_compaction(tmp_path: Path) -> None:
     ws = _store(tmp_path, users=4)
     ws.store.background_merges = False
+
+    def holds_partial_rows() -> bool:  # by the files' statistics: merges and views fold only then
+        return ws.store.holds_partial_rows("profiles", ws.store.head.versions["profiles"])
+
+    assert not holds_partial_rows()
     want = {f"u{i}": export_one(ws, f"u{i}", PROFILE_FIELDS) for i in range(4)}
     for n in range(9):  # enough batches for the runs to merge, some reaching the bottom run
         user = f"u{n % 4}"
@@ -182,12 +187,14 @@ def test_partial_rows_fold_through_run_merges_and_compaction(tmp_path: Path) -> 
         assert ws.call("POST", TRACK, {"attributes": [body]}).status == 201
         want[user] = export_one(ws, user, PROFILE_FIELDS)
     assert ws.store.merges, "the runs merged"
+    assert holds_partial_rows()
     assert {u: export_one(ws, u, PROFILE_FIELDS) for u in want} == want
     again = Workspace.open(ws.store.uri)  # read cold, from the merged runs
     assert {u: export_one(again, u, PROFILE_FIELDS) for u in want} == want
     ws.compact()
     stored = _stored_profiles(ws)
     assert stored.height == 4 and stored[SET].null_count() == 4  # whole rows only
+    assert not holds_partial_rows()
     assert {u: export_one(Workspace.open(ws.store.uri), u, PROFILE_FIELDS) for u in want} == want
 
 

@@ -337,6 +337,13 @@ class DeltaStore:
             self._ranges[(name, version, column)] = ranges
         return ranges
 
+    def holds_partial_rows(self, name: str, version: int | None) -> bool:
+        """Whether a file of `name` at `version` may hold partial rows (by its statistics)."""
+        if name not in PARTIAL or version is None or not self.files(name, version):
+            return False
+        table = self._tables[(name, version)]  # loaded (and cached) with the files
+        return bool(merging.partial_files(pl.DataFrame(pa.table(table.get_add_actions(flatten=True)))).any())
+
     def runs(self, name: str, version: int | None) -> list[merging.Run]:
         """The sorted runs of one table version, newest first (only a writer needs them: read
         from the add actions' statistics here, not on every snapshot read)."""
@@ -504,7 +511,7 @@ class DeltaStore:
         schema = _arrow_schema(name)
         with merging.connection(self.memory_limit) as con:
             sql = merging.merge_sql(name, list(_stored_schema(name)), KEYS[name], order, files, since=since,
-                                    bottom=bottom)
+                                    bottom=bottom, fold=any(run.partial for run in runs))
             table = DeltaTable(self._path(name))
             write_deltalake(table, merging.stream(con, sql, schema), mode="overwrite",
                             predicate=f"_batch >= {since}", writer_properties=WRITER)
@@ -727,7 +734,9 @@ class Snapshot:
             if key is None:
                 body = f"SELECT {columns} FROM {raw} ORDER BY _batch"
             else:
-                newest_rows = merging.newest_sql(name, list(_stored_schema(name)), key, f"SELECT * FROM {raw}")
+                fold = self.store.holds_partial_rows(name, self.head.versions.get(name))
+                newest_rows = merging.newest_sql(name, list(_stored_schema(name)), key, f"SELECT * FROM {raw}",
+                                                 fold=fold)
                 body = f"SELECT {columns} FROM ({newest_rows}) WHERE NOT _deleted"
             if name in HISTORY:
                 con.execute(f'CREATE OR REPLACE VIEW "_stored_{name}" AS {body}')

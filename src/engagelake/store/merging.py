@@ -46,6 +46,17 @@ class Run:
     last: int
     rows: int
     files: tuple[str, ...]
+    partial: bool = True  # whether a file may hold partial rows (`tables/partial.py`)
+
+
+def partial_files(actions: pl.DataFrame) -> pl.Series:
+    """Per add action: whether its file may hold partial rows, by the statistics of the mask
+    column (a file written before it, or of another table, has none; a file without
+    statistics may)."""
+    if "min._set" not in actions.columns:
+        return pl.Series([False] * actions.height) if "num_records" in actions.columns else pl.Series(
+            [True] * actions.height)
+    return actions.select(pl.col("min._set").is_not_null() | pl.col("num_records").is_null()).to_series()
 
 
 def runs_of(actions: pl.DataFrame, root: str) -> list[Run]:
@@ -56,14 +67,16 @@ def runs_of(actions: pl.DataFrame, root: str) -> list[Run]:
         return []
     files = actions.sort("min._batch", descending=True)
     runs: list[Run] = []
-    columns = files.select("path", "num_records", "min._batch", "max._batch")
-    for path, rows, first, last in columns.iter_rows():  # one row per data file (few), not per row
+    columns = files.select("path", "num_records", "min._batch", "max._batch").with_columns(
+        partial=partial_files(files))
+    for path, rows, first, last, partial in columns.iter_rows():  # one row per data file (few), not per row
         uri = f"{root.rstrip('/')}/{path}"
         if runs and last >= runs[-1].first:
             prev = runs[-1]
-            runs[-1] = Run(min(first, prev.first), max(last, prev.last), prev.rows + rows, (*prev.files, uri))
+            runs[-1] = Run(min(first, prev.first), max(last, prev.last), prev.rows + rows, (*prev.files, uri),
+                           prev.partial or partial)
         else:
-            runs.append(Run(first, last, rows, (uri,)))
+            runs.append(Run(first, last, rows, (uri,), partial))
     return runs
 
 
@@ -84,16 +97,16 @@ def plan(runs: list[Run], batch_rows: int, *, trigger: int = MERGE_TRIGGER,
 
 
 def merge_sql(name: str, columns: list[str], key: tuple[str, ...] | None, order: list[str], files: list[str], *,
-              since: int, bottom: bool) -> str:
+              since: int, bottom: bool, fold: bool = True) -> str:
     """DuckDB SQL for the merged run: the rows of `files` from batch `since` on, the newest row
-    per key with partial rows folded in (tombstones dropped when the merge reaches the bottom
-    run, where nothing older can be shadowed), in `order`."""
+    per key with partial rows folded in (`fold`: the files may hold some), tombstones dropped
+    when the merge reaches the bottom run (where nothing older can be shadowed), in `order`."""
     cols = ", ".join(f'"{c}"' for c in columns)
     rows = f"SELECT {cols} FROM {read_files(files, partial=name in PARTIAL)} WHERE _batch >= {since}"
     by = ", ".join(f'"{c}"' for c in order)
     if key is None:
         return f"SELECT {cols} FROM ({rows}) ORDER BY {by}"
-    newest = newest_sql(name, columns, key, rows)
+    newest = newest_sql(name, columns, key, rows, fold=fold)
     return f"SELECT {cols} FROM ({newest})" + (" WHERE NOT _deleted" if bottom else "") + f" ORDER BY {by}"
 
 
@@ -104,12 +117,13 @@ def read_files(files: list[str], *, partial: bool) -> str:
     return f"read_parquet([{listed}], union_by_name = true)" if partial else f"read_parquet([{listed}])"
 
 
-def newest_sql(name: str, columns: list[str], key: tuple[str, ...], rows: str) -> str:
+def newest_sql(name: str, columns: list[str], key: tuple[str, ...], rows: str, *, fold: bool = True) -> str:
     """DuckDB SQL for the newest row per key of `rows` (each batch writes a key at most once, so
-    `_batch` orders a key's rows). For a `PARTIAL` table each field comes from the newest row
-    that sets it (`tables/partial.py`): a whole row (mask null) sets every field."""
+    `_batch` orders a key's rows). For a `PARTIAL` table whose rows may hold partial ones
+    (`fold`) each field comes from the newest row that sets it (`tables/partial.py`): a whole
+    row (mask null) sets every field. Without them the newest row is the current one, cheaper."""
     keys = ", ".join(f'"{k}"' for k in key)
-    if name not in PARTIAL:
+    if name not in PARTIAL or not fold:
         return f"SELECT * FROM ({rows}) QUALIFY row_number() OVER (PARTITION BY {keys} ORDER BY _batch DESC) = 1"
     bits = field_bits(name)
     picks = []
