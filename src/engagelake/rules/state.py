@@ -146,12 +146,16 @@ class State:
         """Read the stored rows of `partial`'s keys and fold the pending rows into them."""
         if partial.height == 0:
             return
+        rows = self._fold_pending(name, self._stored_rows_of(name, partial))
+        self.known[name] = pl.concat([self.known[name], rows], how="vertical_relaxed")
+
+    def _stored_rows_of(self, name: str, rows: pl.DataFrame) -> pl.DataFrame:
+        """The current stored rows of the keys of `rows` (a single-column key), read and noted."""
         assert self.source is not None
         lead = (KEYS[name] or ())[0]
-        rows = self.source.probe(name, lead, partial[lead].unique())
-        self.reads.append((name, lead, rows.height))
-        rows = self._fold_pending(name, self._note_stored(name, rows))
-        self.known[name] = pl.concat([self.known[name], rows], how="vertical_relaxed")
+        stored = self.source.probe(name, lead, rows[lead].unique())
+        self.reads.append((name, lead, stored.height))
+        return self._note_stored(name, stored)
 
     def _fold_pending(self, name: str, rows: pl.DataFrame) -> pl.DataFrame:
         """`rows` (stored, current) with this batch's pending partial rows of their keys folded
@@ -186,11 +190,7 @@ class State:
             # a partial key's current row: held (folded in as it came, or read since), or pending
             current = [self.known[name].join(partial.select(key), on=key, how="semi")]
             if (pending := self.pending.get(name)) is not None:
-                assert self.source is not None
-                lead = key[0]
-                stored = self.source.probe(name, lead, pending[lead].unique())
-                self.reads.append((name, lead, stored.height))
-                current.append(fold_over(name, self._note_stored(name, stored), pending))
+                current.append(fold_over(name, self._stored_rows_of(name, pending), pending))
             whole = pl.concat(current).with_columns(_deleted=pl.lit(False), **{SET: pl.lit(None, pl.Int64)})
             changes.parts[name] = [pl.concat([rows.filter(pl.col(SET).is_null()), whole.select(rows.columns)])]
         return changes

@@ -69,7 +69,7 @@ def newest(name: str, rows: Frame) -> Frame:
 
     def pick(column: str) -> pl.Expr:
         if column in bits:
-            return pl.col(column).filter(whole | ((pl.col(SET) & bits[column]) != 0)).last()
+            return pl.col(column).filter(sets(name, column)).last()
         if column == "_deleted":  # only whole rows delete (tombstones)
             return pl.col(column).filter(whole).last().fill_null(False)
         if column == STAGED:
