@@ -106,6 +106,22 @@ def test_history_of_a_merged_user_is_read_through_its_redirect(tmp_path: Path) -
     assert _rows(ws.last_reads, "events") == 2  # u9's own row and u8's, nobody else's
 
 
+def test_history_read_early_in_a_batch_follows_a_merge_later_in_it(tmp_path: Path) -> None:
+    """A batch keeps the log rows it read; a merge after that read brings the merged profile's
+    rows in, and each log row is read once."""
+    ws = Workspace.open(_build(tmp_path), clock=lambda: NOW)
+    export = {"method": "POST", "path": EXPORT,
+              "body": {"external_ids": ["u9"], "fields_to_export": ["custom_events", "purchases", "total_revenue"]}}
+    merge = {"method": "POST", "path": "/users/merge", "body": {"merge_updates": [
+        {"identifier_to_merge": {"external_id": "u8"}, "identifier_to_keep": {"external_id": "u9"}}]}}
+    before, merged, after = ws.apply([export, merge, export])
+    assert merged.status == 202
+    assert before.body["users"][0]["custom_events"][0]["count"] == 1
+    assert after.body["users"][0]["custom_events"][0]["count"] == 2
+    assert after.body["users"][0]["purchases"][0]["count"] == 2 and after.body["users"][0]["total_revenue"] == 2
+    assert _rows(ws.last_reads, "events") == 2  # u9's row, then u8's once merged: each once
+
+
 def _sorted_rows(frame: pl.DataFrame) -> list[str]:
     return sorted(map(repr, frame.rows()))
 

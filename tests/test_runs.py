@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import polars as pl
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from hypothesis import given, settings
@@ -70,13 +71,51 @@ def test_read_where_equals_a_filter(tmp_path_factory, files, group, wanted, unso
     values = pl.Series(wanted, dtype=pl.String)
     limit = runs.SIEVE_CACHE_ROWS
     runs.SIEVE_CACHE_ROWS = limit if cached else 0  # sieve a small run from its kept column, or not
+    footers = FooterCache()
     try:
-        got = read_where(paths, "k", values, FooterCache(), SCHEMA)
+        got = read_where(paths, "k", values, footers, SCHEMA)
+        again = read_where(paths, "k", values, footers, SCHEMA)  # a file sieved before: by its key index
     finally:
         runs.SIEVE_CACHE_ROWS = limit
     every = pl.concat(frames) if frames else pl.DataFrame(schema=SCHEMA)
     expected = every.filter(pl.col("k").is_in(values.implode()))
     assert sorted(got.rows()) == sorted(expected.rows())
+    assert sorted(again.rows()) == sorted(expected.rows())
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    groups=st.lists(st.lists(st.sampled_from([*KEYS, "k", "ü"]), min_size=1, max_size=6), min_size=1, max_size=6),
+    wanted=st.lists(st.sampled_from([*KEYS, "k", "ü", "zz"]), min_size=0, max_size=6),
+)
+def test_a_key_index_names_the_row_groups_that_hold_a_value(tmp_path_factory, groups, wanted) -> None:
+    """Row groups in any order, keys repeated within and across them (a log's user)."""
+    path = tmp_path_factory.mktemp("index") / "f.parquet"
+    with pq.ParquetWriter(path, pl.DataFrame(schema=SCHEMA).to_arrow().schema) as writer:
+        for keys in groups:
+            writer.write_table(pl.DataFrame({"k": keys, "v": [0] * len(keys)}, schema=SCHEMA).to_arrow())
+    metadata = pq.read_metadata(path)
+    index = runs.KeyIndex.of(pq.read_table(path).column("k"), metadata)
+    holding = sorted({g for g, keys in enumerate(groups) for k in keys if k in wanted})
+    assert index.groups_of(pa.array(wanted, pa.string())) == holding
+
+
+def test_a_run_sieved_twice_keeps_a_key_index(tmp_path: Path) -> None:
+    """A one-off probe sieves a run by its candidate groups' column; a run probed again (a
+    server's exports) keeps a key index of it and reads no column to sieve it any more."""
+    big = _write(tmp_path / "big.parquet", [f"{n:06d}" for n in range(0, 100_000, 2)], 1000)
+    small = _write(tmp_path / "small.parquet", [f"{n:06d}" for n in range(1, 100_000, 10)], 100)  # 10,000 odd keys
+    limit, runs.SIEVE_CACHE_ROWS = runs.SIEVE_CACHE_ROWS, 1_000  # the small run is too big to index at once
+    try:
+        footers = FooterCache()
+        for round, first in enumerate([0, 2_000, 4_000]):
+            held = [f"{n:06d}" for n in range(first, 100_000, 5_000)] + [f"{first + 11:06d}"]  # one of the small run
+            missing = [f"{n + 3:06d}" for n in range(first, 100_000, 5_000)]  # within the small run's groups
+            got = read_where([big, small], "k", pl.Series(held + missing), footers, SCHEMA)
+            assert sorted(got["k"].to_list()) == sorted(held)
+            assert footers.indexes_built == (0 if round == 0 else 1)
+    finally:
+        runs.SIEVE_CACHE_ROWS = limit
 
 
 def test_a_point_lookup_reads_few_row_groups(tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ a page of users into JSON objects walks Python rows.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -78,8 +79,19 @@ def _one(value: str, expr_fn: Any) -> str | None:
     return str(result) if result is not None else None
 
 
-def match_users(state: State, body: dict[str, Any]) -> tuple[pl.DataFrame, list[str]]:
-    """The matched users (`service_id`, `order`) and the identifiers that matched no one."""
+def _tables(fields: list[str] | None) -> list[str]:
+    """The tables an export of `fields` reads, beside profiles."""
+    want = set(fields) if fields is not None else set(M.EXPORT_FIELDS)
+    return [table for table, shown in (
+        ("attributes", {"custom_attributes"}), ("aliases", {"user_aliases"}),
+        ("push_tokens", {"push_tokens", "devices"}), ("events", {"custom_events"}),
+        ("purchases", {"purchases", "total_revenue"}),
+    ) if want & shown]
+
+
+def match_users(state: State, body: dict[str, Any], *, also: Sequence[str] = ()) -> tuple[pl.DataFrame, list[str]]:
+    """The matched users (`service_id`, `order`) and the identifiers that matched no one. The
+    rows of the matched users in the tables `also` names are read with their profiles, at once."""
     wanted: list[tuple[str, str, str]] = []  # (kind, key, as given)
     for e in body.get("external_ids") or []:
         wanted.append(("ext", e, e))
@@ -115,6 +127,8 @@ def match_users(state: State, body: dict[str, Any]) -> tuple[pl.DataFrame, list[
     hits = req.join(index, on=["kind", "key"], how="left")
     invalid = hits.filter(pl.col("service_id").is_null())["given"].unique(maintain_order=True).to_list()
     matched = hits.filter(pl.col("service_id").is_not_null())
+    if matched.height <= POINT_READS_MAX:
+        state.prefetch(["profiles", *also], matched["service_id"])
     users = (
         matched.join(_rows(state, "profiles", matched.select("service_id")).select("service_id", "created_seq"),
                      on="service_id")
@@ -157,6 +171,8 @@ def export_frame(state: State, users: pl.DataFrame, fields: list[str] | None, cl
     """Exported user objects for `users` (column `service_id`, in order). With `point_reads`,
     rows are read by key however many users there are (a chunk of a key range)."""
     want = set(fields) if fields is not None else set(M.EXPORT_FIELDS)
+    if point_reads or users.height <= POINT_READS_MAX:
+        state.prefetch(["profiles", *_tables(fields)], users["service_id"])
     prof = users.join(_rows(state, "profiles", users, point_reads), on="service_id", how="left").with_columns(
         created_at=_ts(pl.col("created_at")), push_opted_in_at=_ts(pl.col("push_opted_in_at")))
     attrs: dict[str, dict[str, Any]] = {}
@@ -226,7 +242,7 @@ def export_ids(state: State, body: Any, clock: datetime, *, fields_required: boo
         body = validate_export(body, fields_required=fields_required)
     except ExportError as e:
         return 400, dump(MessageResponse, {"message": str(e)})
-    users, invalid = match_users(state, body)
+    users, invalid = match_users(state, body, also=_tables(body.get("fields_to_export")))
     result: dict[str, Any] = {
         "message": "success",
         "users": export_frame(state, users, body.get("fields_to_export"), clock),

@@ -9,6 +9,8 @@ resource tables, whole-store jobs).
 
 from __future__ import annotations
 
+import functools
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +22,9 @@ from engagelake.tables.schema import HISTORY, INDEXES, KEYS, SCHEMAS, TABLES, em
 from engagelake.tables.source import STAGED, RowSource
 
 __all__ = ["Changes", "State", "apply_changes"]
+
+# Tables a prefetch reads at once (an export reads up to six).
+PREFETCH_THREADS = 6
 
 @dataclass(frozen=True)
 class State:
@@ -47,6 +52,9 @@ class State:
     indexed: dict[str, list[pl.DataFrame]] = field(default_factory=dict)
     # partial rows (with `SET`) of keys not read yet, one per key
     pending: dict[str, pl.DataFrame] = field(default_factory=dict)
+    # per event and purchase log, the users whose stored rows were read and those rows, as
+    # stored (history is remapped through the redirects when asked for)
+    logs: dict[str, tuple[pl.Series, pl.DataFrame]] = field(default_factory=dict)
 
     @staticmethod
     def empty() -> State:
@@ -100,10 +108,10 @@ class State:
         """Current rows of `name` whose `column` is one of `values`, reading from the store only
         the values not looked up before in this batch. For the event and purchase logs `column`
         must be `service_id`: the rows of merged profiles redirected into them are included."""
+        if not self._may_hold(name):  # nothing stored, nothing written: no answer to look for
+            return self.known[name]
         wanted = _values(values, self.known[name].schema[column])
-        if (pending := self.pending.get(name)) is not None:  # rows that may answer: fold them first
-            answer = pending.filter(pl.col(column).is_in(wanted.implode()) & sets(name, column))
-            self._resolve(name, answer)
+        self._resolve_pending(name, column, wanted)
         if name in self.whole:
             return self.known[name].filter(pl.col(column).is_in(wanted.implode()))
         if name in HISTORY:
@@ -112,6 +120,11 @@ class State:
         return self.known[name].filter(pl.col(column).is_in(wanted.implode()))
 
     def _probe(self, name: str, column: str, wanted: pl.Series) -> None:
+        if (read := self._plan_probe(name, column, wanted)) is not None:
+            self._take(read, read.run())
+
+    def _plan_probe(self, name: str, column: str, wanted: pl.Series) -> _Read | None:
+        """The store read `rows_where` needs for `wanted` (None: the batch has every row)."""
         assert self.source is not None
         seen = self.probed.get((name, column))
         new = wanted if seen is None else wanted.filter(~wanted.is_in(seen.implode()))
@@ -121,26 +134,67 @@ class State:
             for held in (self.known[name], self.shadow.get(name)):
                 if held is not None and held.height and new.len():
                     new = new.filter(~new.is_in(held[column].implode()))
-            if new.len() == 0:
-                return
-            rows = self.source.probe(name, column, new)  # none of the batch's keys: nothing stale
-        else:
-            if new.len() == 0:
-                return
-            # rows of keys the batch holds (read or written) are stale or known: a secondary
-            # probe does not read them, and any other probe drops them
-            stale = [f for f in (self.shadow.get(name), self.known[name].select(key)) if f is not None and f.height]
-            held = pl.concat(stale) if stale else None
-            if held is not None and column in key:  # rows read have their `column` in `new`
-                held = held.filter(pl.col(column).is_in(new.implode()))
-            rows = self.source.probe(name, column, new, held)
-            if held is not None and rows.height:
-                rows = rows.join(held, on=list(key), how="anti")
+            # none of the batch's keys: nothing stale
+            return _Read(self.source, name, column, new) if new.len() else None
+        if new.len() == 0:
+            return None
+        # rows of keys the batch holds (read or written) are stale or known: a secondary
+        # probe does not read them, and any other probe drops them
+        stale = [f for f in (self.shadow.get(name), self.known[name].select(key)) if f is not None and f.height]
+        held = pl.concat(stale) if stale else None
+        if held is not None and column in key:  # rows read have their `column` in `new`
+            held = held.filter(pl.col(column).is_in(new.implode()))
+        return _Read(self.source, name, column, new, held)
+
+    def _take(self, read: _Read, rows: pl.DataFrame) -> None:
+        """Keep the rows a planned read found."""
+        name, column, new = read.name, read.column, read.values
+        if read.held is not None and rows.height:
+            rows = rows.join(read.held, on=list(KEYS[name] or ()), how="anti")
         self.reads.append((name, column, rows.height))
-        rows = self._fold_pending(name, self._note_stored(name, rows))
+        rows = self._note_stored(name, rows)
+        if read.log:  # raw stored log rows: remapped through the redirects when asked for
+            old = self.logs.get(name)
+            self.logs[name] = (new, rows) if old is None else (pl.concat([old[0], new]), pl.concat([old[1], rows]))
+            return
+        rows = self._fold_pending(name, rows)
         if rows.height:
             self.known[name] = pl.concat([self.known[name], rows], how="vertical_relaxed")
+        seen = self.probed.get((name, column))
         self.probed[(name, column)] = new if seen is None else pl.concat([seen, new])
+
+    def prefetch(self, names: list[str], users: Any) -> None:
+        """Read the rows of `users` (service IDs) of several tables at once, so that the
+        `rows_where(name, "service_id", users)` that follow read nothing: an export's reads
+        run side by side (pyarrow and Polars read without the GIL, a point read is mostly
+        waiting on decompression)."""
+        reads = []
+        for name in names:
+            if name in self.whole or not self._may_hold(name):
+                continue
+            wanted = _values(users, self.known[name].schema["service_id"])
+            if name in HISTORY:
+                read = self._plan_log_read(name, self._history_ids(wanted))
+            else:
+                self._resolve_pending(name, "service_id", wanted)
+                read = self._plan_probe(name, "service_id", wanted)
+            if read is not None:
+                reads.append(read)
+        found = _probe_pool().map(_Read.run, reads) if len(reads) > 1 else map(_Read.run, reads)
+        for read, rows in zip(reads, found, strict=True):
+            self._take(read, rows)
+
+    def _may_hold(self, name: str) -> bool:
+        """False when the batch holds no row of `name` and the store none either."""
+        if name in self.whole or self.known[name].height or name in self.pending:
+            return True
+        assert self.source is not None
+        return self.source.holds(name)
+
+    def _resolve_pending(self, name: str, column: str, wanted: pl.Series) -> None:
+        """Fold the pending partial rows that may answer a probe of `column` for `wanted`."""
+        if (pending := self.pending.get(name)) is not None:
+            self._resolve(name, pending.filter(pl.col(column).is_in(wanted.implode()) & sets(name, column)))
 
     def _resolve(self, name: str, partial: pl.DataFrame) -> None:
         """Read the stored rows of `partial`'s keys and fold the pending rows into them."""
@@ -216,15 +270,48 @@ class State:
         """Log rows of `users`: their stored rows and those of profiles merged into them, moved
         through the current redirects, plus the rows this batch appended."""
         assert column == "service_id", "history is read by user"
-        assert self.source is not None
-        merged_in = self.rows_where("redirects", "into", users)["service_id"]
-        ids = pl.concat([users, merged_in]).unique()
+        ids = self._history_ids(users)
+        if (read := self._plan_log_read(name, ids)) is not None:
+            self._take(read, read.run())
         redirects = self.rows_where("redirects", "service_id", ids)
-        stored = self._note_stored(name, self.source.probe(name, "service_id", ids))
-        self.reads.append((name, column, stored.height))
+        stored = self.logs[name][1].filter(pl.col("service_id").is_in(ids.implode()))
         stored = remap_history(stored, redirects).filter(pl.col("service_id").is_in(users.implode()))
         mine = self.known[name].filter(pl.col("service_id").is_in(users.implode()))
         return pl.concat([stored, mine], how="vertical_relaxed")
+
+    def _history_ids(self, users: pl.Series) -> pl.Series:
+        """`users` and the profiles merged into them: whose stored log rows are theirs."""
+        merged_in = self.rows_where("redirects", "into", users)["service_id"]
+        return pl.concat([users, merged_in]).unique()
+
+    def _plan_log_read(self, name: str, ids: pl.Series) -> _Read | None:
+        """The store read of the log rows of `ids` not read before in this batch."""
+        assert self.source is not None
+        if (old := self.logs.get(name)) is not None:
+            ids = ids.filter(~ids.is_in(old[0].implode()))
+            if ids.len() == 0:
+                return None
+        return _Read(self.source, name, "service_id", ids, log=True)
+
+
+@dataclass(frozen=True)
+class _Read:
+    """One store read a probe needs: planned and kept by the batch's thread, run by any."""
+
+    source: RowSource
+    name: str
+    column: str
+    values: pl.Series
+    held: pl.DataFrame | None = None
+    log: bool = False
+
+    def run(self) -> pl.DataFrame:
+        return self.source.probe(self.name, self.column, self.values, self.held)
+
+
+@functools.cache
+def _probe_pool() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(max_workers=PREFETCH_THREADS, thread_name_prefix="engagelake-prefetch")
 
 
 def _values(values: Any, dtype: pl.DataType) -> pl.Series:
@@ -260,7 +347,7 @@ def apply_changes(state: State, changes: Changes, *, next_profile_n: int, next_u
         known[name] = cur
     return State(state.source, known, shadow, set(state.whole), dict(state.probed),
                  next_profile_n=next_profile_n, next_update_seq=next_update_seq, reads=state.reads,
-                 indexed=state.indexed, pending=pending)
+                 indexed=state.indexed, pending=pending, logs=dict(state.logs))
 
 
 def _partial_rows(name: str, held: pl.DataFrame, ups: pl.DataFrame | None, dels: pl.DataFrame | None,

@@ -156,6 +156,8 @@ class DeltaStore:
         self._ledger_table: DeltaTable | None = None
         self._ledger_version = -1
         self.head = self._read_head()
+        # the caches below are filled by probes that may run side by side (`State.prefetch`)
+        self._cache_lock = threading.RLock()
         self._files: dict[tuple[str, int], list[str]] = {}  # data files per table version
         self._tables: dict[tuple[str, int], DeltaTable] = {}  # their loaded logs, for file statistics
         # per table version and column: each data file's (min, max) from the Delta log's statistics
@@ -304,21 +306,26 @@ class DeltaStore:
         """The data files of one table version (cached: a version never changes)."""
         if version is None:
             return []
-        files = self._files.get((name, version))
-        if files is None:
-            if len(self._files) > 4 * len(STORED):
-                self._files.clear()
-                self._tables.clear()
-            table = self._tables[(name, version)] = DeltaTable(self._path(name), version=version)
-            files = table.file_uris()
-            if self.local:  # delta-rs gives file URIs percent-encoded; readers want the path
-                files = [unquote(uri) for uri in files]
-            self._files[(name, version)] = files
-        return files
+        with self._cache_lock:
+            files = self._files.get((name, version))
+            if files is None:
+                if len(self._files) > 4 * len(STORED):
+                    self._files.clear()
+                    self._tables.clear()
+                table = self._tables[(name, version)] = DeltaTable(self._path(name), version=version)
+                files = table.file_uris()
+                if self.local:  # delta-rs gives file URIs percent-encoded; readers want the path
+                    files = [unquote(uri) for uri in files]
+                self._files[(name, version)] = files
+            return files
 
     def file_ranges(self, name: str, version: int, column: str) -> dict[str, tuple[str | None, str | None]]:
         """Each data file's (as `files` names it) minimum and maximum of `column` at one table
         version, from the statistics of its add action (cached: a version never changes)."""
+        with self._cache_lock:
+            return self._file_ranges(name, version, column)
+
+    def _file_ranges(self, name: str, version: int, column: str) -> dict[str, tuple[str | None, str | None]]:
         ranges = self._ranges.get((name, version, column))
         if ranges is None:
             if len(self._ranges) > 4 * len(STORED):
@@ -341,7 +348,8 @@ class DeltaStore:
         """Whether a file of `name` at `version` may hold partial rows (by its statistics)."""
         if name not in PARTIAL or version is None or not self.files(name, version):
             return False
-        table = self._tables[(name, version)]  # loaded (and cached) with the files
+        with self._cache_lock:
+            table = self._tables[(name, version)]  # loaded (and cached) with the files
         return bool(merging.partial_files(pl.DataFrame(pa.table(table.get_add_actions(flatten=True)))).any())
 
     def runs(self, name: str, version: int | None) -> list[merging.Run]:
@@ -632,6 +640,9 @@ class Snapshot:
     def files(self, name: str) -> list[str]:
         """The data files of `name` at this head (each table version's log is read once)."""
         return self.store.files(name, self.head.versions.get(name))
+
+    def holds(self, name: str) -> bool:
+        return bool(self.files(name))
 
     def _stored(self, name: str) -> pl.LazyFrame | None:
         files = self.files(name)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import bisect
 import functools
 import re
+import threading
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -47,9 +48,16 @@ MAX_WIDE_GROUPS = 16
 # minimum and maximum of the sort column, kept in the log) exclude every value, so it opens
 # no footer of them; a bigger probe touches most files anyway.
 FILE_STATS_MAX_VALUES = 64
-# A file this small (a recent run) keeps its sort column in memory once sieved: at most a few
-# MiB per file, and the merge policy keeps few small runs per table.
+# A probe sieves a file's candidate row groups by their sort column first when they are
+# more than this many times the values it expects to find there (its share of the rows):
+# a small run spans the key space, so each value names a row group that mostly lacks it.
+SIEVE_GROUPS_PER_HIT = 2
+# A sieved file keeps a key index of its sort column (`KeyIndex`: 8 bytes a row), so that
+# sieving it again reads no column: a file this small builds it at its first sieve, a bigger
+# one up to SIEVE_INDEX_ROWS at its second (a one-off probe, a fresh process's export, reads
+# only its candidate groups' column). The merge policy keeps few small runs per table.
 SIEVE_CACHE_ROWS = 65_536
+SIEVE_INDEX_ROWS = 2_097_152
 # A parsed footer takes about this many times its size on disk (pyarrow's thrift structures:
 # 656 MiB for the 82 MB of footers of a 10M-user store).
 FOOTER_MEMORY_FACTOR = 8
@@ -57,6 +65,8 @@ FOOTER_MEMORY_FACTOR = 8
 FOOTER_CACHE_BYTES = 1 << 30
 # Footers parsed at once by a cold probe: more threads than cores still overlap their reads.
 FOOTER_THREADS = 4
+# Files a probe reads row groups of at once.
+READ_THREADS = 4
 # delta-rs truncates statistics at 64 bytes (a prefix for the minimum, a raised prefix for the
 # maximum: still bounds), and may drop them; only shorter ones are used.
 TRUSTED_FILE_STAT_BYTES = 64
@@ -110,6 +120,46 @@ class Fences:
         return sorted(found)
 
 
+@dataclass(frozen=True)
+class KeyIndex:
+    """The row group of every row of a file, by a 32-bit hash of its sort column, sorted by
+    hash. A hash names the groups that may hold a value: a collision only adds a group to
+    read, whose rows are then filtered exactly."""
+
+    hashes: np.ndarray  # uint32, ascending
+    groups: np.ndarray  # int32, the row group of each hash
+
+    @staticmethod
+    def of(keys: pa.ChunkedArray, metadata: pq.FileMetaData) -> KeyIndex:
+        hashes = _hashes(keys)
+        groups = np.repeat(np.arange(metadata.num_row_groups, dtype=np.int32),
+                           [metadata.row_group(g).num_rows for g in range(metadata.num_row_groups)])
+        order = np.argsort(hashes, kind="stable")
+        return KeyIndex(hashes[order], groups[order])
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.hashes.nbytes + self.groups.nbytes)
+
+    def groups_of(self, values: pa.Array) -> list[int]:
+        """The row groups that may hold one of `values`."""
+        wanted = _hashes(values)
+        first = np.searchsorted(self.hashes, wanted, side="left")
+        counts = np.searchsorted(self.hashes, wanted, side="right") - first
+        if not counts.any():
+            return []
+        # every position first[i] .. first[i] + counts[i] - 1, without a loop over values
+        starts = np.repeat(first - np.cumsum(counts) + counts, counts)
+        at = starts + np.arange(int(counts.sum()))
+        return np.unique(self.groups[at]).tolist()
+
+
+def _hashes(keys: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """32-bit hashes of string keys (Polars' hash, the same for equal strings in a process)."""
+    series = pl.Series(keys).cast(pl.String)
+    return (series.hash(seed=0).to_numpy() >> np.uint64(32)).astype(np.uint32)
+
+
 class FooterCache:
     """Parquet footers and fences of data files, read once per file and kept within a budget:
     a parsed footer takes about FOOTER_MEMORY_FACTOR times its size on disk, so a long-running
@@ -119,11 +169,14 @@ class FooterCache:
     def __init__(self, budget: int = FOOTER_CACHE_BYTES):
         self._fences: OrderedDict[tuple[str, str], Fences] = OrderedDict()
         self._costs: dict[tuple[str, str], int] = {}
-        self._columns: dict[tuple[str, str], pa.ChunkedArray] = {}  # small files' sort columns
+        self._indexes: dict[tuple[str, str], KeyIndex] = {}  # sieved files' key indexes
+        self._lock = threading.Lock()  # probes of several tables may run side by side
+        self._sieved: set[tuple[str, str]] = set()  # files sieved once without an index
         self.budget = budget
-        self.held = 0  # estimated bytes of the footers and columns kept
+        self.held = 0  # estimated bytes of the footers and key indexes kept
         self.footers_read = 0  # for tests and benchmarks
         self.groups_read = 0  # row groups read whole (every column), likewise
+        self.indexes_built = 0  # key indexes built (`key_index`), likewise
 
     def fences(self, path: str, column: str) -> Fences:
         return self.fences_of([path], column)[0]
@@ -133,23 +186,30 @@ class FooterCache:
         (pyarrow parses them without the GIL: a cold probe of a big store spends most of its
         time there)."""
         found: dict[str, Fences] = {}
-        for path in paths:
-            kept = self._fences.get((path, column))
-            if kept is not None:
-                self._fences.move_to_end((path, column))
-                found[path] = kept
+        with self._lock:
+            for path in paths:
+                kept = self._fences.get((path, column))
+                if kept is not None:
+                    self._fences.move_to_end((path, column))
+                    found[path] = kept
         missing = list(dict.fromkeys(path for path in paths if path not in found))
         parsed = _footer_pool().map(pq.read_metadata, missing) if len(missing) > 1 else map(pq.read_metadata, missing)
         for path, metadata in zip(missing, parsed, strict=True):
-            found[path] = self._keep(path, column, metadata)
+            found[path] = self._keep(path, column, _fences(metadata, column))
         return [found[path] for path in paths]
 
-    def _keep(self, path: str, column: str, metadata: pq.FileMetaData) -> Fences:
-        self.footers_read += 1
-        fences = _fences(metadata, column)
-        self._fences[(path, column)] = fences
-        self._charge((path, column), metadata.serialized_size * FOOTER_MEMORY_FACTOR)
-        return fences
+    def _keep(self, path: str, column: str, fences: Fences) -> Fences:
+        with self._lock:
+            if (kept := self._fences.get((path, column))) is not None:  # another probe parsed it too
+                return kept
+            self.footers_read += 1
+            self._fences[(path, column)] = fences
+            self._charge((path, column), fences.metadata.serialized_size * FOOTER_MEMORY_FACTOR)
+            return fences
+
+    def count_groups(self, groups: int) -> None:
+        with self._lock:
+            self.groups_read += groups
 
     def _charge(self, key: tuple[str, str], cost: int) -> None:
         self._costs[key] = self._costs.get(key, 0) + cost
@@ -157,18 +217,26 @@ class FooterCache:
         while self.held > self.budget and len(self._fences) > 1:
             oldest, _ = self._fences.popitem(last=False)
             self.held -= self._costs.pop(oldest, 0)
-            self._columns.pop(oldest, None)
+            self._indexes.pop(oldest, None)
+            self._sieved.discard(oldest)
 
-    def sort_column(self, path: str, column: str, metadata: pq.FileMetaData) -> pa.ChunkedArray:
-        """`column` of a small file (at most SIEVE_CACHE_ROWS rows), read once."""
+    def key_index(self, path: str, column: str, metadata: pq.FileMetaData) -> KeyIndex | None:
+        """The key index of a file being sieved: kept, or built now when the file is small or
+        was sieved before (None: sieve by reading the candidate groups' column)."""
         key = (path, column)
-        if key not in self._columns:
-            kept = _open(path, metadata).read(columns=[column]).column(column)
-            if key in self._fences:  # charged with its file's footer, and dropped with it
-                self._columns[key] = kept
-                self._charge(key, kept.nbytes)
-            return kept
-        return self._columns[key]
+        with self._lock:
+            if (kept := self._indexes.get(key)) is not None:
+                return kept
+            if metadata.num_rows > SIEVE_CACHE_ROWS and (metadata.num_rows > SIEVE_INDEX_ROWS or key not in self._sieved):
+                self._sieved.add(key)
+                return None
+        index = KeyIndex.of(_open(path, metadata).read(columns=[column]).column(column), metadata)
+        with self._lock:
+            self.indexes_built += 1
+            if key in self._fences and key not in self._indexes:  # charged with its file's footer, dropped with it
+                self._indexes[key] = index
+                self._charge(key, index.nbytes)
+        return index
 
 
 def _open(path: str, metadata: pq.FileMetaData) -> pq.ParquetFile:
@@ -274,6 +342,7 @@ def read_where(paths: list[str], column: str, values: pl.Series, footers: Footer
     unique = values.unique()
     low, high = unique.min(), unique.max()
     picked: list[pa.Table] = []
+    point_reads: list[tuple[str, pq.FileMetaData, list[int]]] = []  # (file, footer, row groups)
     whole: list[str] = []  # files where most row groups match: Polars' reader is faster there
     sorted_keys: tuple[np.ndarray, pa.Array, bool] | None = None
     fences = footers.fences_of(paths, column)
@@ -281,7 +350,8 @@ def read_where(paths: list[str], column: str, values: pl.Series, footers: Footer
     for path, fence in zip(paths, fences, strict=True):
         n_groups = fence.metadata.num_row_groups
         # the values the file holds if they spread like its rows: few in a small run
-        sieve = unique.len() * fence.metadata.num_rows * WHOLE_FILE_SHARE < n_groups * total_rows
+        expected = unique.len() * fence.metadata.num_rows / max(total_rows, 1)
+        sieve = expected * WHOLE_FILE_SHARE < n_groups
         if fence.starts is None or (not sieve and unique.len() >= WHOLE_FILE_KEYS_PER_GROUP * n_groups
                                     and not _clustered(fence, low, high)):
             # no fences, or so many values that nearly every row group matches anyway (a big
@@ -296,24 +366,43 @@ def read_where(paths: list[str], column: str, values: pl.Series, footers: Footer
             whole.append(path)
             continue
         groups = fence.groups(wanted)
-        if sieve and len(groups) * WHOLE_FILE_SHARE > n_groups:
-            # ranges too wide to tell (a small run spans the key space): sieve the groups by
-            # their sort column, then read whole only the groups that hold a value
+        if sieve and len(groups) > SIEVE_GROUPS_PER_HIT * max(expected, 1.0):
+            # ranges too wide to tell (a small run spans the key space): most candidate groups
+            # hold none of the values, so sieve them by their sort column (one column chunk
+            # each), then read whole only the groups that hold a value
             candidates = set(groups)
             groups = [g for g in _sieve(path, fence.metadata, column, groups, exact, footers) if g in candidates]
         if len(groups) * WHOLE_FILE_SHARE > n_groups:
             whole.append(path)
             continue
-        footers.groups_read += len(groups)
-        if groups:  # filter in Arrow first: only the matching rows are converted to Polars
-            rows = _open(path, fence.metadata).read_row_groups(groups)
-            picked.append(rows.filter(pc.is_in(rows.column(column), exact)))
-    footers.groups_read += sum(fence.metadata.num_row_groups for path, fence in zip(paths, fences, strict=True)
-                               if path in whole)
+        footers.count_groups(len(groups))
+        if groups:
+            point_reads.append((path, fence.metadata, groups))
+    if point_reads:  # filter in Arrow first: only the matching rows are converted to Polars
+        assert sorted_keys is not None
+        picked = _read_groups(point_reads, column, sorted_keys[1])
+    footers.count_groups(sum(fence.metadata.num_row_groups for path, fence in zip(paths, fences, strict=True)
+                              if path in whole))
     frames = [_scan(whole, schema).filter(pl.col(column).is_in(values.implode())).collect()] if whole else []
     if picked:
         frames.append(_conformed(picked, schema))
     return pl.concat(frames) if frames else pl.DataFrame(schema=schema)
+
+
+def _read_groups(reads: list[tuple[str, pq.FileMetaData, list[int]]], column: str, exact: pa.Array) -> list[pa.Table]:
+    """The rows of each file's row groups whose `column` is one of `exact`; files are read side
+    by side (pyarrow reads and filters without the GIL: an export's probe reads a few row
+    groups of each of 5 to 10 files)."""
+    def read(task: tuple[str, pq.FileMetaData, list[int]]) -> pa.Table:
+        path, metadata, groups = task
+        rows = _open(path, metadata).read_row_groups(groups)
+        return rows.filter(pc.is_in(rows.column(column), exact))
+    return list(_read_pool().map(read, reads)) if len(reads) > 1 else [read(reads[0])]
+
+
+@functools.cache
+def _read_pool() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(max_workers=READ_THREADS, thread_name_prefix="engagelake-reads")
 
 
 def _scan(paths: list[str], schema: dict[str, pl.DataType]) -> pl.LazyFrame:
@@ -352,7 +441,7 @@ def read_range(paths: list[str], column: str, low: str, high: str | None, footer
         if groups is None or len(groups) * WHOLE_FILE_SHARE > fence.metadata.num_row_groups:
             whole.append(path)
             continue
-        footers.groups_read += len(groups)
+        footers.count_groups(len(groups))
         if groups:
             picked.append(_open(path, fence.metadata).read_row_groups(groups))
     frames = [_scan(whole, schema).filter(inside).collect()] if whole else []
@@ -379,12 +468,10 @@ def range_bounds(paths: list[str], column: str, rows: int, footers: FooterCache)
 def _sieve(path: str, metadata: pq.FileMetaData, column: str, groups: list[int], values: pa.Array,
            footers: FooterCache) -> list[int]:
     """The row groups of `groups` whose `column` holds one of `values`, by reading that one
-    column (a column of 1,024 rows costs a few percent of a whole row group); a small file's
-    column is read once and kept."""
-    if metadata.num_rows <= SIEVE_CACHE_ROWS:
-        keys, groups = footers.sort_column(path, column, metadata), list(range(metadata.num_row_groups))
-    else:
-        keys = _open(path, metadata).read_row_groups(groups, columns=[column]).column(column)
+    column, or by the file's key index once it has one (`FooterCache.key_index`)."""
+    if (index := footers.key_index(path, column, metadata)) is not None:
+        return index.groups_of(values)
+    keys = _open(path, metadata).read_row_groups(groups, columns=[column]).column(column)
     hits = np.flatnonzero(pc.is_in(keys, values).to_numpy(zero_copy_only=False))
     if hits.size == 0:
         return []

@@ -175,6 +175,9 @@ class StagedSource:
             return stored
         return stored.join(self.stages.newest[name].select(key).lazy(), on=list(key), how="anti")
 
+    def holds(self, name: str) -> bool:
+        return self.base.holds(name) or bool(self.stages.files.get(name))
+
     def probe(self, name: str, column: str, values: pl.Series, held: pl.DataFrame | None = None) -> pl.DataFrame:
         staged = self.stages.rows(name)
         if staged is None:

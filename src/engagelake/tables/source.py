@@ -22,6 +22,10 @@ class RowSource(Protocol):
         carry a `STAGED` column."""
         ...
 
+    def holds(self, name: str) -> bool:
+        """Whether `name` may have stored rows at all (false: every probe answers nothing)."""
+        ...
+
     def scan(self, name: str) -> pl.LazyFrame:
         """Every current stored row of `name`, lazily (log tables: as written); it may carry a
         `STAGED` column."""
