@@ -4,8 +4,9 @@ profile fields, about 2 events and 0.5 purchases, applied as `/users/track` batc
     cd /work/main && uv run python benchmarks/build_store.py --users 10000000 --out /tmp/store10m
 
 Every chunk of `--chunk` users is one `ws.apply` (one atomic commit). A chunk's requests are
-generated, applied and dropped before the next, so memory follows the chunk, not the store:
-the script prints the peak RSS as it goes. The stores `bench_track.py --store` reuses are built
+generated 25,000 users at a time and kept as JSON lines, as a landing file holds them; `apply`
+draws them from a generator that decodes one line at a time, so neither the chunk's dicts nor
+the store stay in memory: the script prints the peak RSS as it goes. The stores `bench_track.py --store` reuses are built
 with it. Prints figures; asserts nothing.
 """
 
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import orjson
 from rich.table import Table
 
 from bench_track import (
@@ -40,6 +42,7 @@ from bench_track import (
     vm_rss,
 )
 
+GENERATED_USERS = 25_000  # users whose request dicts exist at once
 EVENTS_PER_USER = 2.0
 PURCHASES_PER_USER = 0.5
 
@@ -95,13 +98,17 @@ def main() -> None:
     events = purchases = bad = 0
     for start in range(0, args.users, args.chunk):
         stop = min(start + args.chunk, args.users)
-        requests, e, p = chunk_requests(start, stop, rng)
+        lines: list[bytes] = []
+        for part in range(start, stop, GENERATED_USERS):
+            requests, e, p = chunk_requests(part, min(part + GENERATED_USERS, stop), rng)
+            lines += [orjson.dumps(r) for r in requests]
+            events, purchases = events + e, purchases + p
+        del requests
         t = time.perf_counter()
-        responses = ws.apply(requests)
+        responses = ws.apply(orjson.loads(line) for line in lines)
         engine_s += time.perf_counter() - t
         bad += errors_in(responses)
-        events, purchases = events + e, purchases + p
-        del requests, responses
+        del lines, responses
         console.print(f"  {stop:,}/{args.users:,} users, apply {time.perf_counter() - t:,.1f} s, "
                       f"engine {engine_s:,.0f} s, RSS {mib(vm_rss())} (peak {mib(max_rss())})")
     wall = time.perf_counter() - started

@@ -274,3 +274,21 @@ def test_a_killed_merge_leaves_a_spill_folder_that_the_next_merge_removes(tmp_pa
         spills = [p for p in tmp_path.glob(f"{scratch.prefix('duckdb')}{os.getpid()}-*") if p != live]
         assert len(spills) == 1 and con.sql("select current_setting('temp_directory')").fetchall() == [(str(spills[0]),)]
     assert not dead.exists() and live.exists() and not spills[0].exists()
+
+
+def test_a_big_batch_waits_for_the_run_merge_before_it_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run merge and a big batch would hold their memory at once: a batch whose requests fill
+    a pass waits for the merge the last commit started before it runs that pass; a small batch
+    waits only at its commit."""
+    ws = open_ws(tmp_path)
+    waits: list[int] = []
+    wait = ws.store.wait_for_merges
+    def counted() -> None:
+        waits.append(1)
+        wait()
+    monkeypatch.setattr(ws.store, "wait_for_merges", counted)
+    monkeypatch.setattr(workspace, "TRACK_RUN_MAX", 2)
+    ws.apply([post_track(attributes=[{"external_id": "a", "n": 1}])])
+    assert len(waits) == 1  # the commit's
+    ws.apply([post_track(attributes=[{"external_id": f"b{i}", "n": i}]) for i in range(3)])
+    assert len(waits) == 1 + 2  # the first full pass's, then the commit's

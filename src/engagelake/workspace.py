@@ -165,7 +165,8 @@ class _Batch:
     """One `apply`: the evolving state, the changes to commit, the responses so far. Runs of
     consecutive track requests (and of same-kind identity requests) are applied as one pass."""
 
-    def __init__(self, state: State, *, clock: datetime, seed: str, batch_id: str):
+    def __init__(self, state: State, *, clock: datetime, seed: str, batch_id: str,
+                 before_big: Callable[[], None] = lambda: None):
         self.state = state
         self.clock = clock
         self.seed = seed
@@ -176,6 +177,9 @@ class _Batch:
         self.pending_kind = "track"
         self.stages: Stages | None = None
         self.stored = state.source  # the store snapshot, under the stages
+        # a big batch (a full pass, or enough changes to stage) first waits for the store's
+        # run merge: the two would otherwise hold their memory at once
+        self._before_big: Callable[[], None] | None = before_big
 
     def write(self, changes: Changes, *, next_profile_n: int | None = None,
               next_update_seq: int | None = None) -> None:
@@ -204,6 +208,8 @@ class _Batch:
         if not self.pending:
             return
         pending, self.pending = self.pending, []
+        if len(pending) >= TRACK_RUN_MAX:
+            self._big()
         if self.pending_kind == "track":
             self._track_pass(pending, self.responses)
         else:
@@ -216,6 +222,11 @@ class _Batch:
         if not last:
             self._stage_when_big()
 
+    def _big(self) -> None:
+        if self._before_big is not None:
+            hook, self._before_big = self._before_big, None
+            hook()
+
     def _stage_when_big(self) -> None:
         """Stage the changes held so far when they are many, and start the state again over
         the store and the stages (the same answers: staged rows read back like stored ones)."""
@@ -226,6 +237,7 @@ class _Batch:
 
     def _stage(self) -> None:
         if self.stages is None:
+            self._big()
             self.stages = Stages()
         # staged rows are whole: a later pass reads them back as the stored rows they shadow
         self.stages.add(self.state.resolve_changes(self.changes), self.state.index_entries_stored())
@@ -350,7 +362,7 @@ class Workspace:
 
     def _run_batch(self, body: Callable[[_Batch], None], idempotency_key: str | None) -> list[Response]:
         batch = _Batch(self.state, clock=self.clock(), seed=self.store.head.seed,
-                       batch_id=idempotency_key or uuid.uuid4().hex)
+                       batch_id=idempotency_key or uuid.uuid4().hex, before_big=self.store.wait_for_merges)
         try:
             body(batch)
             batch.flush(last=True)
