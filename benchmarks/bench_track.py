@@ -1,7 +1,7 @@
 """Benchmark `/users/track` ingestion and `/users/export/ids` on a large engagelake store.
 
     cd /work/main && uv run python benchmarks/bench_track.py [--users N] [--objects N] [--big]
-                                                              [--out DIR] [--json FILE]
+                                                              [--baseline] [--out DIR] [--json FILE]
 
 Phases (generation of request dictionaries is timed separately and never counted as engine time):
 
@@ -15,6 +15,8 @@ Phases (generation of request dictionaries is timed separately and never counted
   RSS of the process (`ru_maxrss`) and the VmRSS peak/delta during P1 (sampled in a thread), and
   a raw I/O floor measured in the same run: the same bodies written as NDJSON, read back with
   Polars and written as Parquet with as many rows as the engine appended to its tables.
+- `--baseline`: P1 hand-written as a DuckDB `MERGE` and as a delta-rs merge, without the rules
+  (`baseline.py`), on the same input in the same run: the mission's bar is to be faster.
 - P2: 10,000 objects into the big store vs into an empty store (median of 3 fresh batches).
 - P3: `/users/export/ids` of 50 existing external IDs with every field: warm p50/p95 over 50
   calls after 3 warm-up calls; with `--big` also on a 10M-user store.
@@ -508,6 +510,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=None, help="folder for the stores (default: a temp dir)")
     ap.add_argument("--json", type=Path, default=None, help="also write the figures as JSON here")
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--baseline", action="store_true",
+                    help="also time P1 hand-written as a DuckDB MERGE and a delta-rs merge (benchmarks/baseline.py)")
     args = ap.parse_args()
 
     out = args.out or Path(tempfile.mkdtemp(prefix="bench-track-"))
@@ -595,6 +599,15 @@ def main() -> None:
                   f"{floor['ndjson_bytes'] / 1024**2:,.0f} MiB; read with Polars {floor['read_ndjson_s']:.2f} s; "
                   f"{floor['parquet_rows']:,} rows to Parquet {floor['write_parquet_s']:.2f} s); "
                   f"engine/floor = {ratio:.1f}")
+    baseline: dict[str, float] = {}
+    if args.baseline:
+        rng_again.bit_generator.state, ids_again.next_new = p1_rng_state, p1_next_new
+        from baseline import hand_written  # it imports this module's generator
+        baseline = hand_written(mixed_requests(args.objects, ids_again, rng_again), args.users, out / "baseline")
+        console.print(f"  hand-written without the rules: DuckDB MERGE {baseline['duckdb_merge_s']:.2f} s, "
+                      f"delta-rs merge {baseline['delta_merge_s']:.2f} s; engine / DuckDB MERGE = "
+                      f"{p1_s / baseline['duckdb_merge_s']:.1f}, engine / delta-rs merge = "
+                      f"{p1_s / baseline['delta_merge_s']:.1f}")
     fig["p1"] = {
         "mode": mode, "objects": n_objects, "requests": n_requests, "kinds": kinds,
         "generation_s": gen_s, "seconds": p1_s, "objects_per_s": p1_rate,
@@ -605,7 +618,7 @@ def main() -> None:
         "input_dicts_rss_bytes": input_rss, "input_ndjson_bytes": input_bytes, "rss_before_bytes": rss.baseline,
         "rss_peak_bytes": rss.peak, "rss_apply_peak_bytes": apply_peak, "rss_delta_bytes": rss.delta,
         "ru_maxrss_bytes": max_rss(),
-        "floor": floor, "engine_floor_ratio": ratio,
+        "floor": floor, "engine_floor_ratio": ratio, "baseline": baseline,
     }
     del groups, p1_responses
     gc.collect()
@@ -671,6 +684,10 @@ def main() -> None:
     row("P1 raw I/O floor", f"{floor['seconds']:.2f} s")
     row("P1 engine / floor", f"{ratio:.1f}×", f"≤ {TARGET_FLOOR_RATIO:g}×",
         verdict(ratio, TARGET_FLOOR_RATIO, False))
+    if baseline:  # the mission's bar: faster than the same batch hand-written without the rules
+        for label, key in (("DuckDB MERGE", "duckdb_merge_s"), ("delta-rs merge", "delta_merge_s")):
+            row(f"P1 engine / hand-written {label}", f"{p1_s / baseline[key]:.1f}×  ({baseline[key]:.2f} s)",
+                "< 1×", verdict(p1_s / baseline[key], 1.0, False))
     row("peak RSS (ru_maxrss)", f"{max_rss() / gib:.2f} GiB", "≤ 2 GiB",
         verdict(max_rss(), TARGET_RSS_BYTES, False))
     row("P1 peak VmRSS (sampled)", f"{rss.peak / gib:.2f} GiB", "≤ 2 GiB",
