@@ -10,6 +10,7 @@ from typing import Any
 
 import orjson
 import polars as pl
+import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
 from tests.crash_worker import (
@@ -258,6 +259,24 @@ def test_store_holds_a_delta_table_per_table_name(tmp_path: Path) -> None:
         fields = [f.name for f in DeltaTable(str(store / name)).schema().fields]
         mask = [SET] if name in PARTIAL else []  # the fields a partial row sets (tables/partial.py)
         assert fields == [*SCHEMAS[name], "_batch", "_deleted", *mask], name
+
+
+def test_unique_columns_are_written_without_a_dictionary(tmp_path: Path) -> None:
+    """Keys, emails and sequence numbers are each row's own: a dictionary only costs there. The
+    other columns keep theirs, through batches, run merges and compaction alike."""
+    store = tmp_path / "s"
+    ws = open_ws(store)
+    ws.apply(BATCH_1)
+    ws.store.merge_runs()
+    ws.apply(BATCH_1)
+    ws.compact()
+    ws.apply(BATCH_1)
+    for name, columns in delta.PLAIN_COLUMNS.items():
+        for uri in DeltaTable(str(store / name)).file_uris():
+            group = pq.read_metadata(uri.removeprefix("file://")).row_group(0)
+            chunks = {group.column(i).path_in_schema: group.column(i) for i in range(group.num_columns)}
+            assert all(chunks[c].dictionary_page_offset is None for c in columns), name
+            assert any(chunk.dictionary_page_offset is not None for c, chunk in chunks.items() if c not in columns)
 
 
 def test_batches_only_append_files(tmp_path: Path) -> None:

@@ -26,7 +26,7 @@ import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, write_deltalake
 
 from engagelake.store import merging
-from engagelake.store.delta import WRITER, Snapshot
+from engagelake.store.delta import Snapshot, writer
 from engagelake.tables.schema import SCHEMAS
 
 MARKER = "_published.json"
@@ -47,7 +47,7 @@ def publish(snapshot: Snapshot, out: str | Path, tables: list[str], memory_limit
             counted = _Counted(merging.stream(con, f'SELECT * FROM "{name}"', _schema(name)))
             target = str(folder / name)
             write_deltalake(target, counted.reader(), mode="overwrite", schema_mode="overwrite",
-                            writer_properties=WRITER,
+                            writer_properties=writer(name),
                             commit_properties=CommitProperties(custom_metadata={BATCH_KEY: str(batch)}))
             table = DeltaTable(target)
             table.vacuum(retention_hours=KEEP_HOURS, enforce_retention_duration=False, dry_run=False)
