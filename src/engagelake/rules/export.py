@@ -171,7 +171,7 @@ def export_frame(state: State, users: pl.DataFrame, fields: list[str] | None, cl
     """Exported user objects for `users` (column `service_id`, in order). With `point_reads`,
     rows are read by key however many users there are (a chunk of a key range)."""
     want = set(fields) if fields is not None else set(M.EXPORT_FIELDS)
-    if point_reads or users.height <= POINT_READS_MAX:
+    if point_reads:  # a chunk of a key range (`export_ids` read its users' rows in `match_users`)
         state.prefetch(["profiles", *_tables(fields)], users["service_id"])
     prof = users.join(_rows(state, "profiles", users, point_reads), on="service_id", how="left").with_columns(
         created_at=_ts(pl.col("created_at")), push_opted_in_at=_ts(pl.col("push_opted_in_at")))

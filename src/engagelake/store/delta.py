@@ -97,6 +97,8 @@ PLAIN_COLUMNS: dict[str, tuple[str, ...]] = {
     "external_ids": ("external_id", "service_id"),
     **{index: tuple(SCHEMAS[index]) for index in INDEXES},
 }
+COMPACTING = "_compacting"  # marker file: a compaction is under way
+MERGE_ENV = "ENGAGELAKE_MERGE_TRIGGER"  # runs a table may hold before a batch merges (tuning, tests)
 
 
 def writer(name: str) -> WriterProperties:
@@ -106,8 +108,6 @@ def writer(name: str) -> WriterProperties:
         return WRITER
     return WriterProperties(max_row_group_size=ROW_GROUP_ROWS, compression="SNAPPY",
                             column_properties={c: ColumnProperties(dictionary_enabled=False) for c in columns})
-COMPACTING = "_compacting"  # marker file: a compaction is under way
-MERGE_ENV = "ENGAGELAKE_MERGE_TRIGGER"  # runs a table may hold before a batch merges (tuning, tests)
 
 
 def _failpoint(name: str) -> None:
