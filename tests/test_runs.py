@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from tests.helpers import export_users, open_ws, track_ok
 
 from engagelake.store import runs
+from engagelake.store.footers import read_footer
 from engagelake.store.runs import FooterCache, files_holding, matching_groups, read_where
 
 SCHEMA = {"k": pl.String(), "v": pl.Int64()}
@@ -94,8 +95,7 @@ def test_a_key_index_names_the_row_groups_that_hold_a_value(tmp_path_factory, gr
     with pq.ParquetWriter(path, pl.DataFrame(schema=SCHEMA).to_arrow().schema) as writer:
         for keys in groups:
             writer.write_table(pl.DataFrame({"k": keys, "v": [0] * len(keys)}, schema=SCHEMA).to_arrow())
-    metadata = pq.read_metadata(path)
-    index = runs.KeyIndex.of(pq.read_table(path).column("k"), metadata)
+    index = runs.KeyIndex.of(pq.read_table(path).column("k"), read_footer(str(path))[0])
     holding = sorted({g for g, keys in enumerate(groups) for k in keys if k in wanted})
     assert index.groups_of(pa.array(wanted, pa.string())) == holding
 
@@ -248,10 +248,10 @@ def test_a_point_probe_opens_only_the_files_that_can_hold_its_key(tmp_path: Path
 
 
 def test_footers_are_kept_within_their_budget(tmp_path: Path) -> None:
-    """Parsed footers are big (about 8x their size on disk): the cache keeps the most recently
-    used within its budget and parses an evicted one again when a probe needs it."""
+    """The cache keeps the most recently used footers within its budget and reads an evicted
+    one again when a probe needs it."""
     paths = [_write(tmp_path / f"f{i}.parquet", [f"{i}-{n:04d}" for n in range(2_000)], 100) for i in range(3)]
-    cost = pq.read_metadata(paths[0]).serialized_size * runs.FOOTER_MEMORY_FACTOR
+    cost = FooterCache().fences(paths[0], "k").nbytes + read_footer(paths[0])[0].nbytes
     footers = FooterCache(budget=2 * cost + cost // 2)  # room for two
     for path in paths:
         footers.fences(path, "k")

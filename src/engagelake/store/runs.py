@@ -28,6 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from engagelake.store.footers import Footer, read_footer
 from engagelake.tables.schema import INDEXES
 
 # Row groups small enough that a point lookup decodes little, large enough that footers stay
@@ -58,9 +59,6 @@ SIEVE_GROUPS_PER_HIT = 2
 # only its candidate groups' column). The merge policy keeps few small runs per table.
 SIEVE_CACHE_ROWS = 65_536
 SIEVE_INDEX_ROWS = 2_097_152
-# A parsed footer takes about this many times its size on disk (pyarrow's thrift structures:
-# 656 MiB for the 82 MB of footers of a 10M-user store).
-FOOTER_MEMORY_FACTOR = 8
 # What the footers kept may take, unless the store's memory budget says otherwise (half of it).
 FOOTER_CACHE_BYTES = 1 << 30
 # Footers parsed at once by a cold probe: more threads than cores still overlap their reads.
@@ -95,7 +93,7 @@ class Fences:
     bisection, and a few wide ones (a writer that reorders its input may cut a row group
     across two distant stretches of keys) that are tested one by one."""
 
-    metadata: pq.FileMetaData
+    footer: Footer
     starts: np.ndarray | None  # the chain's minimums, ascending
     ends: np.ndarray | None = None  # its maximums (ascending too)
     order: np.ndarray | None = None  # the row group at each chain position
@@ -119,6 +117,10 @@ class Fences:
                 found.append(group)
         return sorted(found)
 
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in (self.starts, self.ends, self.order) if a is not None)
+
 
 @dataclass(frozen=True)
 class KeyIndex:
@@ -130,10 +132,9 @@ class KeyIndex:
     groups: np.ndarray  # int32, the row group of each hash
 
     @staticmethod
-    def of(keys: pa.ChunkedArray, metadata: pq.FileMetaData) -> KeyIndex:
+    def of(keys: pa.ChunkedArray, footer: Footer) -> KeyIndex:
         hashes = _hashes(keys)
-        groups = np.repeat(np.arange(metadata.num_row_groups, dtype=np.int32),
-                           [metadata.row_group(g).num_rows for g in range(metadata.num_row_groups)])
+        groups = np.repeat(np.arange(footer.num_row_groups, dtype=np.int32), footer.group_rows)
         order = np.argsort(hashes, kind="stable")
         return KeyIndex(hashes[order], groups[order])
 
@@ -161,10 +162,10 @@ def _hashes(keys: pa.Array | pa.ChunkedArray) -> np.ndarray:
 
 
 class FooterCache:
-    """Parquet footers and fences of data files, read once per file and kept within a budget:
-    a parsed footer takes about FOOTER_MEMORY_FACTOR times its size on disk, so a long-running
-    reader of a big store would otherwise hold several GiB of them. The least recently used go
-    first (a probe that needs them again parses them again)."""
+    """Footers (as bytes, `store/footers.py`) and fences of data files, read once per file and
+    kept within a budget: a long-running reader of a big store would otherwise hold them all
+    (82 MiB of footers at 10M users, several hundred at 100M). The least recently used go
+    first (a probe that needs them again reads them again)."""
 
     def __init__(self, budget: int = FOOTER_CACHE_BYTES):
         self._fences: OrderedDict[tuple[str, str], Fences] = OrderedDict()
@@ -193,9 +194,12 @@ class FooterCache:
                     self._fences.move_to_end((path, column))
                     found[path] = kept
         missing = list(dict.fromkeys(path for path in paths if path not in found))
-        parsed = _footer_pool().map(pq.read_metadata, missing) if len(missing) > 1 else map(pq.read_metadata, missing)
-        for path, metadata in zip(missing, parsed, strict=True):
-            found[path] = self._keep(path, column, _fences(metadata, column))
+        def parse(path: str) -> Fences:  # the whole parsed footer is dropped once fences are drawn
+            footer, metadata = read_footer(path)
+            return _fences(footer, metadata, column)
+        parsed = _footer_pool().map(parse, missing) if len(missing) > 1 else map(parse, missing)
+        for path, fences in zip(missing, parsed, strict=True):
+            found[path] = self._keep(path, column, fences)
         return [found[path] for path in paths]
 
     def _keep(self, path: str, column: str, fences: Fences) -> Fences:
@@ -204,7 +208,7 @@ class FooterCache:
                 return kept
             self.footers_read += 1
             self._fences[(path, column)] = fences
-            self._charge((path, column), fences.metadata.serialized_size * FOOTER_MEMORY_FACTOR)
+            self._charge((path, column), fences.footer.nbytes + fences.nbytes)
             return fences
 
     def count_groups(self, groups: int) -> None:
@@ -220,30 +224,23 @@ class FooterCache:
             self._indexes.pop(oldest, None)
             self._sieved.discard(oldest)
 
-    def key_index(self, path: str, column: str, metadata: pq.FileMetaData) -> KeyIndex | None:
+    def key_index(self, path: str, column: str, footer: Footer) -> KeyIndex | None:
         """The key index of a file being sieved: kept, or built now when the file is small or
         was sieved before (None: sieve by reading the candidate groups' column)."""
         key = (path, column)
         with self._lock:
             if (kept := self._indexes.get(key)) is not None:
                 return kept
-            if metadata.num_rows > SIEVE_CACHE_ROWS and (metadata.num_rows > SIEVE_INDEX_ROWS or key not in self._sieved):
+            if footer.num_rows > SIEVE_CACHE_ROWS and (footer.num_rows > SIEVE_INDEX_ROWS or key not in self._sieved):
                 self._sieved.add(key)
                 return None
-        index = KeyIndex.of(_open(path, metadata).read(columns=[column]).column(column), metadata)
+        index = KeyIndex.of(footer.open()[0].read(columns=[column]).column(column), footer)
         with self._lock:
             self.indexes_built += 1
             if key in self._fences and key not in self._indexes:  # charged with its file's footer, dropped with it
                 self._indexes[key] = index
                 self._charge(key, index.nbytes)
         return index
-
-
-def _open(path: str, metadata: pq.FileMetaData) -> pq.ParquetFile:
-    """A data file to read row groups of. Without pre-buffering: coalescing a local file's
-    column chunks through the I/O pool cost 20-30% of a point read (object storage would want
-    it back)."""
-    return pq.ParquetFile(path, metadata=metadata, pre_buffer=False)
 
 
 def footer_budget(memory_limit: str | None) -> int:
@@ -262,23 +259,23 @@ def _footer_pool() -> ThreadPoolExecutor:
     return ThreadPoolExecutor(max_workers=FOOTER_THREADS, thread_name_prefix="engagelake-footers")
 
 
-def _fences(metadata: pq.FileMetaData, column: str) -> Fences:
+def _fences(footer: Footer, metadata: pq.FileMetaData, column: str) -> Fences:
     """The fences of a string sort column, from its raw statistics: bytes, which compare in
     UTF-8 byte order (the order of Parquet statistics and of the sorted files)."""
     schema = metadata.schema
     index = next((i for i in range(len(schema)) if schema.column(i).path == column), None)
     if index is None or metadata.num_row_groups == 0 or schema.column(index).physical_type != "BYTE_ARRAY":
-        return Fences(metadata, None)
+        return Fences(footer, None)
     starts, ends = [], []
     for g in range(metadata.num_row_groups):  # once per file: its footer is cached
         stats = metadata.row_group(g).column(index).statistics
         if stats is None or not stats.has_min_max:
-            return Fences(metadata, None)
+            return Fences(footer, None)
         starts.append(stats.min_raw)
         ends.append(stats.max_raw)
     if (max(len(v) for v in (*starts, *ends)) >= TRUSTED_STAT_BYTES
             or any(b"\x00" in v for v in (*starts, *ends))):  # numpy's fixed-width bytes drop NULs
-        return Fences(metadata, None)
+        return Fences(footer, None)
     first, last = np.array(starts, dtype=bytes), np.array(ends, dtype=bytes)
     # the most ranges that do not overlap, taken by earliest end (interval scheduling); ranges
     # may touch (a value split over two row groups)
@@ -290,9 +287,9 @@ def _fences(metadata: pq.FileMetaData, column: str) -> Fences:
         else:
             wide.append((bytes(first[g]), bytes(last[g]), g))
     if len(wide) > max(MAX_WIDE_GROUPS, len(chain) // 100):
-        return Fences(metadata, None)
+        return Fences(footer, None)
     order = np.array(chain, dtype=np.int64)
-    return Fences(metadata, first[order], last[order], order, tuple(wide))
+    return Fences(footer, first[order], last[order], order, tuple(wide))
 
 
 def fence_values(values: pl.Series) -> np.ndarray:
@@ -342,15 +339,15 @@ def read_where(paths: list[str], column: str, values: pl.Series, footers: Footer
     unique = values.unique()
     low, high = unique.min(), unique.max()
     picked: list[pa.Table] = []
-    point_reads: list[tuple[str, pq.FileMetaData, list[int]]] = []  # (file, footer, row groups)
+    point_reads: list[tuple[Footer, list[int]]] = []  # (file, row groups)
     whole: list[str] = []  # files where most row groups match: Polars' reader is faster there
     sorted_keys: tuple[np.ndarray, pa.Array, bool] | None = None
     fences = footers.fences_of(paths, column)
-    total_rows = sum(fence.metadata.num_rows for fence in fences)
+    total_rows = sum(fence.footer.num_rows for fence in fences)
     for path, fence in zip(paths, fences, strict=True):
-        n_groups = fence.metadata.num_row_groups
+        n_groups = fence.footer.num_row_groups
         # the values the file holds if they spread like its rows: few in a small run
-        expected = unique.len() * fence.metadata.num_rows / max(total_rows, 1)
+        expected = unique.len() * fence.footer.num_rows / max(total_rows, 1)
         sieve = expected * WHOLE_FILE_SHARE < n_groups
         if fence.starts is None or (not sieve and unique.len() >= WHOLE_FILE_KEYS_PER_GROUP * n_groups
                                     and not _clustered(fence, low, high)):
@@ -371,17 +368,17 @@ def read_where(paths: list[str], column: str, values: pl.Series, footers: Footer
             # hold none of the values, so sieve them by their sort column (one column chunk
             # each), then read whole only the groups that hold a value
             candidates = set(groups)
-            groups = [g for g in _sieve(path, fence.metadata, column, groups, exact, footers) if g in candidates]
+            groups = [g for g in _sieve(fence.footer, column, groups, exact, footers) if g in candidates]
         if len(groups) * WHOLE_FILE_SHARE > n_groups:
             whole.append(path)
             continue
         footers.count_groups(len(groups))
         if groups:
-            point_reads.append((path, fence.metadata, groups))
+            point_reads.append((fence.footer, groups))
     if point_reads:  # filter in Arrow first: only the matching rows are converted to Polars
         assert sorted_keys is not None
         picked = _read_groups(point_reads, column, sorted_keys[1])
-    footers.count_groups(sum(fence.metadata.num_row_groups for path, fence in zip(paths, fences, strict=True)
+    footers.count_groups(sum(fence.footer.num_row_groups for path, fence in zip(paths, fences, strict=True)
                               if path in whole))
     frames = [_scan(whole, schema).filter(pl.col(column).is_in(values.implode())).collect()] if whole else []
     if picked:
@@ -389,13 +386,13 @@ def read_where(paths: list[str], column: str, values: pl.Series, footers: Footer
     return pl.concat(frames) if frames else pl.DataFrame(schema=schema)
 
 
-def _read_groups(reads: list[tuple[str, pq.FileMetaData, list[int]]], column: str, exact: pa.Array) -> list[pa.Table]:
+def _read_groups(reads: list[tuple[Footer, list[int]]], column: str, exact: pa.Array) -> list[pa.Table]:
     """The rows of each file's row groups whose `column` is one of `exact`; files are read side
     by side (pyarrow reads and filters without the GIL: an export's probe reads a few row
     groups of each of 5 to 10 files)."""
-    def read(task: tuple[str, pq.FileMetaData, list[int]]) -> pa.Table:
-        path, metadata, groups = task
-        rows = _open(path, metadata).read_row_groups(groups)
+    def read(task: tuple[Footer, list[int]]) -> pa.Table:
+        file, groups = task[0].open(task[1])
+        rows = file.read_row_groups(groups)
         return rows.filter(pc.is_in(rows.column(column), exact))
     return list(_read_pool().map(read, reads)) if len(reads) > 1 else [read(reads[0])]
 
@@ -423,7 +420,7 @@ def _clustered(fence: Fences, low: object, high: object) -> bool:
     if not isinstance(low, str) or not isinstance(high, str):
         return False
     spanned = fence.spanned(low.encode(), high.encode() + b"\x00")  # [low, high]
-    return len(spanned) * WHOLE_FILE_SHARE <= fence.metadata.num_row_groups
+    return len(spanned) * WHOLE_FILE_SHARE <= fence.footer.num_row_groups
 
 
 def read_range(paths: list[str], column: str, low: str, high: str | None, footers: FooterCache,
@@ -438,12 +435,13 @@ def read_range(paths: list[str], column: str, low: str, high: str | None, footer
     bounds = (low.encode(), None if high is None else high.encode())
     for path, fence in zip(paths, footers.fences_of(paths, column), strict=True):
         groups = None if fence.starts is None else fence.spanned(*bounds)
-        if groups is None or len(groups) * WHOLE_FILE_SHARE > fence.metadata.num_row_groups:
+        if groups is None or len(groups) * WHOLE_FILE_SHARE > fence.footer.num_row_groups:
             whole.append(path)
             continue
         footers.count_groups(len(groups))
         if groups:
-            picked.append(_open(path, fence.metadata).read_row_groups(groups))
+            file, local = fence.footer.open(groups)
+            picked.append(file.read_row_groups(local))
     frames = [_scan(whole, schema).filter(inside).collect()] if whole else []
     if picked:
         frames.append(_conformed(picked, schema).filter(inside))
@@ -458,24 +456,24 @@ def range_bounds(paths: list[str], column: str, rows: int, footers: FooterCache)
     starts = np.sort(np.concatenate([fence.starts for fence in fences])) if fences else np.array([], dtype=bytes)
     if starts.size == 0:
         return []
-    total = sum(fence.metadata.num_rows for fence in fences)
+    total = sum(fence.footer.num_rows for fence in fences)
     step = max(1, rows * starts.size // max(total, 1))
     # a bound cut inside a character (a truncated statistic) only moves the cut a little
     cuts = {bytes(start).decode(errors="ignore") for start in starts[step::step]}
     return sorted(cuts - {""})
 
 
-def _sieve(path: str, metadata: pq.FileMetaData, column: str, groups: list[int], values: pa.Array,
-           footers: FooterCache) -> list[int]:
+def _sieve(footer: Footer, column: str, groups: list[int], values: pa.Array, footers: FooterCache) -> list[int]:
     """The row groups of `groups` whose `column` holds one of `values`, by reading that one
     column, or by the file's key index once it has one (`FooterCache.key_index`)."""
-    if (index := footers.key_index(path, column, metadata)) is not None:
+    if (index := footers.key_index(footer.path, column, footer)) is not None:
         return index.groups_of(values)
-    keys = _open(path, metadata).read_row_groups(groups, columns=[column]).column(column)
+    file, local = footer.open(groups)
+    keys = file.read_row_groups(local, columns=[column]).column(column)
     hits = np.flatnonzero(pc.is_in(keys, values).to_numpy(zero_copy_only=False))
     if hits.size == 0:
         return []
-    ends = np.cumsum([metadata.row_group(g).num_rows for g in groups])
+    ends = np.cumsum(footer.group_rows[groups])
     return [groups[i] for i in np.unique(np.searchsorted(ends, hits, side="right")).tolist()]
 
 

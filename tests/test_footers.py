@@ -1,0 +1,64 @@
+"""Footers kept as bytes (`store/footers.py`): a read of some row groups through a spliced
+footer returns exactly what the whole footer reads."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from deltalake import write_deltalake
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from engagelake.store.footers import read_footer
+
+# keys with the bytes of the compact protocol's field headers and varints, so that statistics
+# can look like the entries the splice searches for
+KEY_CHARS = st.sampled_from(["a", "z", "\x16", "\x19", "\x80", "\x10", "\x00", "\x7f", "é", "\U0001f600"])
+
+
+def _expected(path: str, groups: list[int]) -> pa.Table:
+    whole = pq.ParquetFile(path)
+    return pa.concat_tables([whole.read_row_group(g) for g in groups])
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    keys=st.lists(st.text(KEY_CHARS, min_size=0, max_size=12), min_size=1, max_size=300),
+    group_rows=st.integers(1, 40),
+    picks=st.lists(st.integers(0, 10_000), min_size=1, max_size=8),
+)
+def test_a_spliced_footer_reads_what_the_whole_footer_reads(tmp_path_factory, keys, group_rows, picks) -> None:
+    path = str(tmp_path_factory.mktemp("footer") / "f.parquet")
+    table = pa.table({"k": sorted(keys), "n": list(range(len(keys))), "f": [len(k) * 0.5 for k in keys]})
+    pq.write_table(table, path, row_group_size=group_rows)
+    footer, metadata = read_footer(path)
+    assert footer.parsed is None  # pyarrow's layout is spliced
+    assert footer.num_rows == len(keys) and footer.num_row_groups == metadata.num_row_groups
+    groups = sorted({p % footer.num_row_groups for p in picks})
+    file, local = footer.open(groups)
+    assert file.read_row_groups(local).equals(_expected(path, groups))
+    assert footer.nbytes < metadata.serialized_size * 2  # bytes, not parsed structures
+
+
+def test_files_written_by_delta_rs_are_spliced(tmp_path: Path) -> None:
+    table = pa.table({"k": [f"user-{n:06d}" for n in range(5_000)], "v": list(range(5_000))})
+    write_deltalake(tmp_path, table, writer_properties=None)
+    [path] = [str(p) for p in tmp_path.glob("*.parquet")]
+    footer, _ = read_footer(path)
+    assert footer.parsed is None
+    file, local = footer.open([0])
+    assert file.read_row_groups(local).equals(_expected(path, [0]))
+
+
+def test_a_footer_that_cannot_be_spliced_is_kept_parsed(tmp_path: Path) -> None:
+    """A row group with `sorting_columns` has a list after its row count: its entry's end is
+    not searched for, and the footer is kept whole."""
+    path = str(tmp_path / "sorted.parquet")
+    table = pa.table({"k": [f"k{n:04d}" for n in range(1_000)]})
+    pq.write_table(table, path, row_group_size=100, sorting_columns=[pq.SortingColumn(0)])
+    footer, _ = read_footer(path)
+    assert footer.parsed is not None
+    file, local = footer.open([7, 2])
+    assert file.read_row_groups(local).equals(_expected(path, [7, 2]))
