@@ -1,23 +1,24 @@
-"""Parquet footers kept as bytes and parsed a few row groups at a time.
+"""Parquet footers kept as where their row groups' entries lie, parsed a few row groups at a time.
 
 pyarrow parses a whole footer into about 920 bytes per column chunk (8x its size on disk), and
 a point read of a big file needs only the few row groups it reads: a 10M-user store's
-footers took 650 MiB parsed in a cold export of 50 users, 82 MiB as bytes. A `Footer` keeps
-the bytes and where each row group's entry lies in them. A read of some row groups parses a
-footer spliced from the file's header fields, those row groups' entries and its trailing
-fields: it points at the same file offsets, so pyarrow reads the same bytes (1.7 ms for 50
-row groups of a profiles file against 47 ms for its whole footer).
+footers took 650 MiB parsed in a cold export of 50 users. A `Footer` keeps the file's header
+and trailing fields (the schema: a few KB) and where each row group's entry lies in the file.
+A read of some row groups reads those entries and parses a footer spliced from them: it points
+at the same file offsets, so pyarrow reads the same bytes (1.7 ms for 50 row groups of a
+profiles file against 47 ms for its whole footer).
 
 Thrift's compact protocol writes a FileMetaData's `num_rows` (field 3) and then its
-`row_groups` list (field 4); each RowGroup ends with `total_byte_size` (2), `num_rows` (3) and
-a few integer fields, then a stop byte. Those values are known from the parsed footer, so each
-entry's end is found by searching the bytes for them, and the entries are checked to tile the
-list exactly. A footer whose entries cannot be told apart (another writer's layout) is kept
-parsed, as before.
+`row_groups` list (field 4); each RowGroup starts with its column list's header and ends with
+`total_byte_size` (2), `num_rows` (3) and a few integer fields, then a stop byte. The whole
+footer is parsed once, to find those places and check them (`_entries`), then dropped. A
+footer whose entries cannot be told apart (another writer's layout) is kept parsed, as before.
 """
 
 from __future__ import annotations
 
+import os
+import re
 import struct
 from dataclasses import dataclass
 
@@ -40,10 +41,9 @@ class Footer:
     path: str
     num_rows: int
     group_rows: np.ndarray  # rows of each row group
-    raw: bytes | None = None
-    entries: np.ndarray | None = None  # (start, end) of each row group's entry in `raw`
-    head_end: int = 0  # `raw[:head_end]` is every field before the row-group list's header
-    tail_start: int = 0  # `raw[tail_start:]` is every field after the list
+    entries: np.ndarray | None = None  # (start, end) of each row group's entry, offsets in the file
+    head: bytes = b""  # every field before the row-group list's header (the schema, the row count)
+    tail: bytes = b""  # every field after the list
     parsed: pq.FileMetaData | None = None
 
     @property
@@ -55,8 +55,8 @@ class Footer:
         """What keeping it costs in memory."""
         if self.parsed is not None:
             return self.parsed.serialized_size * 8  # pyarrow's thrift structures
-        assert self.raw is not None and self.entries is not None
-        return len(self.raw) + self.entries.nbytes + self.group_rows.nbytes
+        assert self.entries is not None
+        return len(self.head) + len(self.tail) + self.entries.nbytes + self.group_rows.nbytes
 
     def open(self, groups: list[int] | None = None) -> tuple[pq.ParquetFile, list[int]]:
         """The file, with a footer that holds at least `groups` (all: None), and the numbers
@@ -69,11 +69,13 @@ class Footer:
 
     def metadata(self, groups: list[int]) -> pq.FileMetaData:
         """A footer of the file's `groups` only (in that order)."""
-        assert self.raw is not None and self.entries is not None
-        spans = self.entries[groups]
-        body = b"".join((self.raw[:self.head_end], _list_header(len(groups)),
-                         *(self.raw[start:end] for start, end in spans.tolist()), self.raw[self.tail_start:]))
-        return _parse(body)
+        assert self.entries is not None
+        fd = os.open(self.path, os.O_RDONLY)  # entries are read when needed: they are most of the footer
+        try:
+            picked = [os.pread(fd, end - start, start) for start, end in self.entries[groups].tolist()]
+        finally:
+            os.close(fd)
+        return _parse(b"".join((self.head, _list_header(len(groups)), *picked, self.tail)))
 
 
 def read_footer(path: str) -> tuple[Footer, pq.FileMetaData]:
@@ -84,19 +86,24 @@ def read_footer(path: str) -> tuple[Footer, pq.FileMetaData]:
         length, magic = struct.unpack("<I4s", f.read(8))
         if magic != MAGIC:
             raise ValueError(f"{path} is not a Parquet file (no {MAGIC!r} at its end)")
-        f.seek(-8 - length, 2)
+        offset = f.seek(-8 - length, 2)
         raw = f.read(length)
     metadata = _parse(raw)
     rows = np.array([metadata.row_group(g).num_rows for g in range(metadata.num_row_groups)], dtype=np.int64)
-    footer = _entries(path, raw, metadata, rows)
+    footer = _entries(path, raw, offset, metadata, rows)
     if footer is None:
         footer = Footer(path, metadata.num_rows, rows, parsed=metadata)
     return footer, metadata
 
 
-def _entries(path: str, raw: bytes, metadata: pq.FileMetaData, rows: np.ndarray) -> Footer | None:
-    """The footer with the span of each row-group entry in `raw`, or None when they cannot be
-    told apart."""
+def _entries(path: str, raw: bytes, offset: int, metadata: pq.FileMetaData, rows: np.ndarray) -> Footer | None:
+    """The footer with the span of each row-group entry in the file (`raw` is the footer, at
+    `offset`), or None when they cannot be told apart.
+
+    Each entry starts with its column list's header: the first `n` places where those bytes
+    occur after the list's header are the entries' starts, unless a column's statistics hold
+    the same bytes. Such a place would shift every later entry by one, so the last entry
+    (and one in the middle) is parsed and checked against the whole footer."""
     n = metadata.num_row_groups
     if n == 0:
         return None
@@ -105,27 +112,32 @@ def _entries(path: str, raw: bytes, metadata: pq.FileMetaData, rows: np.ndarray)
     if at < 0 or raw.find(header, at + 1) >= 0:
         return None
     head_end = at + len(header) - len(_list_header(n))
-    first_field = bytes([_LIST_NEXT]) + _list_header(metadata.num_columns)  # each entry's column list
-    entries = np.empty((n, 2), dtype=np.int64)
-    pos = at + len(header)
-    for g in range(n):
-        group = metadata.row_group(g)
-        if raw[pos:pos + len(first_field)] != first_field:
-            return None
-        known = (bytes([_I64_NEXT]) + _varint(_zigzag(group.total_byte_size))
-                 + bytes([_I64_NEXT]) + _varint(_zigzag(group.num_rows)))
-        found = raw.find(known, pos)
-        if found < 0:
-            return None
-        end = _skip_integers(raw, found + len(known))
-        if end is None:
-            return None
-        entries[g] = (pos, end)
-        pos = end
-    footer = Footer(path, metadata.num_rows, rows, raw, entries, head_end, pos)
-    check = footer.metadata([n - 1])  # the splice parses, and names the last row group
-    if check.num_row_groups != 1 or check.row_group(0).num_rows != metadata.row_group(n - 1).num_rows:
+    first_field = re.compile(re.escape(bytes([_LIST_NEXT]) + _list_header(metadata.num_columns)))
+    starts = np.fromiter((m.start() for m in first_field.finditer(raw, at + len(header))), dtype=np.int64)
+    if len(starts) < n or starts[0] != at + len(header):
         return None
+    starts = starts[:n]
+    if n > 1 and np.frombuffer(raw, dtype=np.uint8)[starts[1:] - 1].any():  # each entry ends with a stop byte
+        return None
+    last = metadata.row_group(n - 1)
+    known = (bytes([_I64_NEXT]) + _varint(_zigzag(last.total_byte_size))
+             + bytes([_I64_NEXT]) + _varint(_zigzag(last.num_rows)))
+    found = raw.find(known, int(starts[-1]))
+    end = None if found < 0 else _skip_integers(raw, found + len(known))
+    if end is None:
+        return None
+    entries = np.column_stack([starts, np.append(starts[1:], end)]) + offset
+    footer = Footer(path, metadata.num_rows, rows, entries, raw[:head_end], raw[end:])
+    checked = sorted({n // 2, n - 1})
+    try:
+        spliced = footer.metadata(checked)
+    except (OSError, ValueError):  # pyarrow could not read it: not entries after all
+        return None
+    for i, g in enumerate(checked):
+        got, want = spliced.row_group(i), metadata.row_group(g)
+        if (got.num_rows, got.total_byte_size, got.column(0).data_page_offset) != (
+                want.num_rows, want.total_byte_size, want.column(0).data_page_offset):
+            return None
     return footer
 
 
