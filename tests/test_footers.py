@@ -68,12 +68,23 @@ def test_a_footer_that_cannot_be_spliced_is_kept_parsed(tmp_path: Path) -> None:
 
 
 def test_a_statistic_that_looks_like_an_entry_is_caught(tmp_path: Path) -> None:
-    """Keys holding the bytes an entry starts with: the false start would shift every later
-    entry, the check of the last one sees it, and the footer is kept parsed."""
+    """Keys holding the bytes an entry starts with, after a stop byte: the false start would
+    shift every later entry, the check of the last one sees it, and the footer is kept parsed."""
+    path = str(tmp_path / "tricky.parquet")
+    keys = [f"a{n:03d}" for n in range(40)] + [("\x00" + ENTRY_START) * 2] * 10 + [f"z{n:03d}" for n in range(50)]
+    pq.write_table(pa.table({"k": keys, "n": list(range(100)), "f": [0.5] * 100}), path, row_group_size=10)
+    footer, _ = read_footer(path)
+    assert footer.parsed is not None
+    file, local = footer.open([9, 4, 0])
+    assert file.read_row_groups(local).equals(_expected(path, [9, 4, 0]))
+
+
+def test_a_statistic_that_looks_like_an_entry_is_passed_over(tmp_path: Path) -> None:
+    """Without a stop byte before them, those bytes are not taken for an entry's start."""
     path = str(tmp_path / "tricky.parquet")
     keys = [f"a{n:03d}" for n in range(40)] + [ENTRY_START * 2] * 10 + [f"z{n:03d}" for n in range(50)]
     pq.write_table(pa.table({"k": keys, "n": list(range(100)), "f": [0.5] * 100}), path, row_group_size=10)
     footer, _ = read_footer(path)
-    assert footer.parsed is not None
+    assert footer.parsed is None
     file, local = footer.open([9, 4, 0])
     assert file.read_row_groups(local).equals(_expected(path, [9, 4, 0]))
