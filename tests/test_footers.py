@@ -11,11 +11,14 @@ from deltalake import write_deltalake
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engagelake.store.footers import read_footer
+from engagelake import Workspace
+from engagelake.store.footers import INDEX_FOLDER, INDEX_SUFFIX, read_footer
+from engagelake.store.runs import SORT_BY
+from helpers import event, export_one, open_ws, track_ok
 
 # keys with the bytes of the compact protocol's field headers and varints, so that statistics
-# can look like the entries the splice searches for ("\x19<" starts a row group of 3 columns)
-KEY_CHARS = st.sampled_from(["a", "z", "<", "\x16", "\x19", "\x80", "\x10", "\x00", "\x7f", "é", "\U0001f600"])
+# can look like the entries the splice searches for ("\x19<&" starts a row group of 3 columns)
+KEY_CHARS = st.sampled_from(["a", "z", "<", "&", "\x16", "\x19", "\x80", "\x10", "\x00", "\x7f", "é", "\U0001f600"])
 ENTRY_START = "\x19<"
 
 
@@ -68,10 +71,11 @@ def test_a_footer_that_cannot_be_spliced_is_kept_parsed(tmp_path: Path) -> None:
 
 
 def test_a_statistic_that_looks_like_an_entry_is_caught(tmp_path: Path) -> None:
-    """Keys holding the bytes an entry starts with, after a stop byte: the false start would
-    shift every later entry, the check of the last one sees it, and the footer is kept parsed."""
+    """Keys holding the bytes an entry starts with (and a file offset's field header), after a
+    stop byte: the false start would shift every later entry, the check of the last one sees
+    it, and the footer is kept parsed."""
     path = str(tmp_path / "tricky.parquet")
-    keys = [f"a{n:03d}" for n in range(40)] + [("\x00" + ENTRY_START) * 2] * 10 + [f"z{n:03d}" for n in range(50)]
+    keys = [f"a{n:03d}" for n in range(40)] + [("\x00" + ENTRY_START + "&") * 2] * 10 + [f"z{n:03d}" for n in range(50)]
     pq.write_table(pa.table({"k": keys, "n": list(range(100)), "f": [0.5] * 100}), path, row_group_size=10)
     footer, _ = read_footer(path)
     assert footer.parsed is not None
@@ -88,3 +92,35 @@ def test_a_statistic_that_looks_like_an_entry_is_passed_over(tmp_path: Path) -> 
     assert footer.parsed is None
     file, local = footer.open([9, 4, 0])
     assert file.read_row_groups(local).equals(_expected(path, [9, 4, 0]))
+
+
+def _indexes(store: Path) -> set[str]:
+    return {p.name.removesuffix(INDEX_SUFFIX) for p in (store / INDEX_FOLDER).rglob(f"*{INDEX_SUFFIX}")}
+
+
+def _sorted_files(ws: Workspace) -> set[str]:
+    head = ws.store._read_head()
+    return {Path(f).name for name in SORT_BY for f in ws.store.files(name, head.versions.get(name))}
+
+
+def test_run_merges_and_compaction_index_their_files_and_a_fresh_reader_parses_no_footer(tmp_path: Path) -> None:
+    ws = open_ws(tmp_path)
+    ws.store.background_merges = False
+    ws.store.merge_trigger = 2
+    for batch in range(4):
+        track_ok(ws, attributes=[{"external_id": f"b{batch}-u{n}", "plan": "pro"} for n in range(5)],
+                 events=[event(external_id=f"b{batch}-u0")])
+    assert ws.store.merges  # runs were merged: their new files are indexed
+    merged = _indexes(tmp_path / "store")
+    assert merged and merged <= _sorted_files(ws)
+    track_ok(ws, attributes=[{"external_id": "b0-u1", "_update_existing_only": True, "plan": "free"}])
+    delete = ws.call("POST", "/users/delete", {"external_ids": ["b3-u4"]})
+    assert delete.status == 200, delete
+    ws.compact()
+    assert _indexes(tmp_path / "store") == _sorted_files(ws)  # the vacuumed files' indexes are gone
+    text = "".join(p.read_bytes().decode("latin-1") for p in (tmp_path / "store" / INDEX_FOLDER).rglob("*") if p.is_file())
+    assert "b3-u4" not in text  # an erased user's key is in no index
+
+    fresh = open_ws(tmp_path)
+    assert export_one(fresh, "b0-u1", ["custom_attributes"]) == {"custom_attributes": {"plan": "free"}}
+    assert fresh.store.footers.footers_read > 0 and fresh.store.footers.footers_parsed == 0

@@ -54,8 +54,9 @@ KEYS = [*"abcdefghij", "é", "ä", "日", "😀", "ab", "e\u0301"]
     unsorted=st.booleans(),
     shuffle=st.randoms(use_true_random=False),
     cached=st.booleans(),
+    indexed=st.booleans(),
 )
-def test_read_where_equals_a_filter(tmp_path_factory, files, group, wanted, unsorted, shuffle, cached) -> None:
+def test_read_where_equals_a_filter(tmp_path_factory, files, group, wanted, unsorted, shuffle, cached, indexed) -> None:
     folder = tmp_path_factory.mktemp("runs")
     paths, frames = [], []
     for i, keys in enumerate(files):
@@ -72,7 +73,10 @@ def test_read_where_equals_a_filter(tmp_path_factory, files, group, wanted, unso
     values = pl.Series(wanted, dtype=pl.String)
     limit = runs.SIEVE_CACHE_ROWS
     runs.SIEVE_CACHE_ROWS = limit if cached else 0  # sieve a small run from its kept column, or not
-    footers = FooterCache()
+    root = str(folder.parent) if indexed else None  # probed through footer indexes a writer wrote
+    if root is not None:
+        FooterCache(root=root).index(paths, "k")
+    footers = FooterCache(root=root)
     try:
         got = read_where(paths, "k", values, footers, SCHEMA)
         again = read_where(paths, "k", values, footers, SCHEMA)  # a file sieved before: by its key index
@@ -82,6 +86,8 @@ def test_read_where_equals_a_filter(tmp_path_factory, files, group, wanted, unso
     expected = every.filter(pl.col("k").is_in(values.implode()))
     assert sorted(got.rows()) == sorted(expected.rows())
     assert sorted(again.rows()) == sorted(expected.rows())
+    if indexed:
+        assert footers.footers_parsed == 0
 
 
 @settings(max_examples=60, deadline=None)

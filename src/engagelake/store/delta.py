@@ -37,6 +37,7 @@ from deltalake import ColumnProperties, DeltaTable, WriterProperties, write_delt
 
 from engagelake.errors import StaleStoreError, StoreError
 from engagelake.store import merging
+from engagelake.store.footers import prune_indexes
 from engagelake.store.runs import (
     FILE_STATS_MAX_VALUES,
     ROW_GROUP_ROWS,
@@ -163,10 +164,10 @@ class DeltaStore:
 
     def __init__(self, uri: str | Path, *, seed: str | None = None, memory_limit: str | None = None):
         self.uri = str(uri)
-        self.footers = FooterCache()
+        self.local = "://" not in self.uri  # a folder: file locks, markers and footer indexes work
+        self.footers = FooterCache(root=self.uri if self.local else None)
         self.memory_limit = memory_limit
         self.merge_trigger = int(os.environ.get(MERGE_ENV) or merging.MERGE_TRIGGER)
-        self.local = "://" not in self.uri  # a folder: file locks and markers work
         if self.local:
             Path(self.uri).mkdir(parents=True, exist_ok=True)
         if not DeltaTable.is_deltatable(self._path(LEDGER)):
@@ -470,7 +471,23 @@ class DeltaStore:
                 _failpoint("before_merge_ledger")
                 self._append_ledger(head.batch_no + 1, None, versions, head.next_profile_n, head.next_update_seq,
                                     head.seed, [], kind="merge")
+        for name in merged:
+            old = set(self.files(name, head.versions.get(name)))
+            self.index_footers(name, [f for f in self.files(name, versions[name]) if f not in old])
         return merged
+
+    def index_footers(self, name: str, files: list[str] | None = None) -> int:
+        """Write the footer indexes of `files` of a sorted table (default: its current files)
+        that have none (`store/footers.py`): a fresh process then probes them without parsing
+        their footers. Returns how many it wrote."""
+        if not self.local or name not in SORT_BY:
+            return 0
+        if files is None:
+            files = self.files(name, self._read_head().versions.get(name))
+        try:
+            return self.footers.index(files, SORT_BY[name])
+        except OSError:  # a file a compaction removed meanwhile, or a read-only store
+            return 0
 
     def _write_batch(self, changes: Changes, *, key: str | None, responses: list[Any], next_profile_n: int,
                      next_update_seq: int, index_entries_stored: dict[str, pl.DataFrame],
@@ -579,7 +596,10 @@ class DeltaStore:
                     _failpoint(f"compact:{name}")
             kept = self._finish_compaction(batch_no, list(STORED))
             marker.unlink()
-            return {name: kept[name] for name in TABLES}
+        prune_indexes(self.uri)
+        for name in SORT_BY:
+            self.index_footers(name)
+        return {name: kept[name] for name in TABLES}
 
     def _compacted(self, con: duckdb.DuckDBPyConnection, snap: Snapshot, name: str, batch_no: int,
                    gone: pl.Series) -> pa.RecordBatchReader | pa.Table:

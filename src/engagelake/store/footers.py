@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import re
 import struct
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -100,10 +101,11 @@ def _entries(path: str, raw: bytes, offset: int, metadata: pq.FileMetaData, rows
     """The footer with the span of each row-group entry in the file (`raw` is the footer, at
     `offset`), or None when they cannot be told apart.
 
-    Each entry starts with its column list's header: the first `n` places where those bytes
-    occur after the list's header are the entries' starts, unless a column's statistics hold
-    the same bytes. Such a place would shift every later entry by one, so the last entry
-    (and one in the middle) is parsed and checked against the whole footer."""
+    Each entry starts with its column list's header and its first column chunk's first field,
+    right after the stop byte of the entry before: the first `n` places where those bytes occur
+    after the list's header are the entries' starts, unless a column's statistics hold the
+    same bytes. Such a place would shift every later entry by one, so the last entry (and one
+    in the middle) is parsed and checked against the whole footer."""
     n = metadata.num_row_groups
     if n == 0:
         return None
@@ -112,7 +114,8 @@ def _entries(path: str, raw: bytes, offset: int, metadata: pq.FileMetaData, rows
     if at < 0 or raw.find(header, at + 1) >= 0:
         return None
     head_end = at + len(header) - len(_list_header(n))
-    first_field = re.compile(re.escape(bytes([_LIST_NEXT]) + _list_header(metadata.num_columns)))
+    # the list's header, then the first column chunk's first field: its file_offset (or path)
+    first_field = re.compile(re.escape(bytes([_LIST_NEXT]) + _list_header(metadata.num_columns)) + b"[\x26\x18]")
     starts = np.fromiter((m.start() for m in first_field.finditer(raw, at + len(header))), dtype=np.int64)
     if len(starts) == 0 or starts[0] != at + len(header):
         return None
@@ -181,3 +184,64 @@ def _varint(n: int) -> bytes:
         n >>= 7
     out.append(n)
     return bytes(out)
+
+
+# --- footer indexes: what a probe needs of a data file, kept beside the store's tables ---------
+
+INDEX_FOLDER = "_footers"
+INDEX_SUFFIX = ".footer.npz"
+INDEX_VERSION = 1
+
+def index_path(root: str, data_path: str) -> str:
+    """Where the index of a data file of `root`'s tables lies: `_footers/<table>/<file>`."""
+    table, name = data_path.rstrip("/").split("/")[-2:]
+    return f"{root.rstrip('/')}/{INDEX_FOLDER}/{table}/{name}{INDEX_SUFFIX}"
+
+
+def save_index(path: str, footer: Footer, column: str, extra: dict[str, np.ndarray]) -> None:
+    """Write a footer's entries with what a reader derived from it for `column` (`extra`: the
+    fences), whole or not at all."""
+    assert footer.entries is not None
+    arrays = {
+        **{f"x_{name}": values for name, values in extra.items()},
+        "version": np.array([INDEX_VERSION, footer.num_rows, os.path.getsize(footer.path)], dtype=np.int64),
+        "entries": footer.entries, "rows": footer.group_rows,
+        "head": np.frombuffer(footer.head, dtype=np.uint8), "tail": np.frombuffer(footer.tail, dtype=np.uint8),
+        "column": np.frombuffer(column.encode(), dtype=np.uint8),
+    }
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    temporary = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+    with open(temporary, "wb") as f:
+        np.savez(f, **arrays)  # type: ignore[arg-type]
+    os.replace(temporary, path)
+
+
+def load_index(path: str, data_path: str, column: str) -> tuple[Footer, dict[str, np.ndarray]] | None:
+    """A data file's footer and what was derived from it for `column`, from its index; None
+    when it has none (or one for another column, another version of this format, or another
+    file of that name)."""
+    try:
+        with np.load(path, allow_pickle=False) as found:
+            version, num_rows, size = found["version"].tolist()
+            if (version != INDEX_VERSION or found["column"].tobytes().decode() != column
+                    or os.path.getsize(data_path) != size):
+                return None
+            footer = Footer(data_path, num_rows, found["rows"], found["entries"],
+                            found["head"].tobytes(), found["tail"].tobytes())
+            return footer, {name[2:]: found[name] for name in found.files if name.startswith("x_")}
+    except (OSError, KeyError, ValueError):  # none yet, or one a crash cut short: parse the footer
+        return None
+
+
+def prune_indexes(root: str) -> int:
+    """Delete the indexes of data files that are gone (a vacuum removed them); returns how many.
+    They hold the sort column's bounds, which are keys: an erased user's too."""
+    removed = 0
+    folder = os.path.join(root, INDEX_FOLDER)
+    for table in os.listdir(folder) if os.path.isdir(folder) else []:
+        for name in os.listdir(os.path.join(folder, table)):
+            data = os.path.join(root, table, name.removesuffix(INDEX_SUFFIX))
+            if not name.endswith(INDEX_SUFFIX) or not os.path.exists(data):
+                os.remove(os.path.join(folder, table, name))
+                removed += 1
+    return removed

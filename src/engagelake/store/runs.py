@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import bisect
 import functools
+import os
 import re
 import threading
 from collections import OrderedDict
@@ -28,7 +29,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from engagelake.store.footers import Footer, read_footer
+from engagelake.store.footers import Footer, index_path, load_index, read_footer, save_index
 from engagelake.tables.schema import INDEXES
 
 # Row groups small enough that a point lookup decodes little, large enough that footers stay
@@ -169,7 +170,8 @@ class FooterCache:
     (82 MiB of footers at 10M users, several hundred at 100M). The least recently used go
     first (a probe that needs them again reads them again)."""
 
-    def __init__(self, budget: int = FOOTER_CACHE_BYTES):
+    def __init__(self, budget: int = FOOTER_CACHE_BYTES, root: str | None = None):
+        self.root = root  # a local store's folder: its footer indexes (`store/footers.py`) are read
         self._fences: OrderedDict[tuple[str, str], Fences] = OrderedDict()
         self._costs: dict[tuple[str, str], int] = {}
         self._indexes: dict[tuple[str, str], KeyIndex] = {}  # sieved files' key indexes
@@ -178,6 +180,7 @@ class FooterCache:
         self.budget = budget
         self.held = 0  # estimated bytes of the footers and key indexes kept
         self.footers_read = 0  # for tests and benchmarks
+        self.footers_parsed = 0  # footers parsed (not read from an index), likewise
         self.groups_read = 0  # row groups read whole (every column), likewise
         self.indexes_built = 0  # key indexes built (`key_index`), likewise
 
@@ -197,12 +200,33 @@ class FooterCache:
                     found[path] = kept
         missing = list(dict.fromkeys(path for path in paths if path not in found))
         def parse(path: str) -> Fences:  # the whole parsed footer is dropped once fences are drawn
+            index = None if self.root is None else index_path(self.root, path)
+            if index is not None and (found := load_index(index, path, column)) is not None:
+                return _fences_of_arrays(*found)
             footer, metadata = read_footer(path)
+            with self._lock:
+                self.footers_parsed += 1
             return _fences(footer, metadata, column)
         parsed = _footer_pool().map(parse, missing) if len(missing) > 1 else map(parse, missing)
         for path, fences in zip(missing, parsed, strict=True):
             found[path] = self._keep(path, column, fences)
         return [found[path] for path in paths]
+
+    def index(self, paths: list[str], column: str) -> int:
+        """Write the footer index of each of `paths` that has none (a writer, after writing
+        them): a later reader's probe reads that small file instead of parsing the footer.
+        Returns how many it wrote."""
+        assert self.root is not None
+        root = self.root
+        missing = [path for path in paths if not os.path.exists(index_path(root, path))]
+
+        def write(path: str) -> bool:
+            footer, metadata = read_footer(path)
+            if footer.parsed is not None:  # its entries could not be told apart
+                return False
+            save_index(index_path(root, path), footer, column, _fence_arrays(_fences(footer, metadata, column)))
+            return True
+        return sum(_footer_pool().map(write, missing))
 
     def _keep(self, path: str, column: str, fences: Fences) -> Fences:
         with self._lock:
@@ -296,6 +320,24 @@ def _fences(footer: Footer, metadata: pq.FileMetaData, column: str) -> Fences:
         return Fences(footer, None)
     order = np.array(chain, dtype=np.int64)
     return Fences(footer, first[order], last[order], order, tuple(wide))
+
+
+def _fence_arrays(fences: Fences) -> dict[str, np.ndarray]:
+    """Fences as arrays, for a footer index (none: the file has no fences)."""
+    if fences.starts is None:
+        return {}
+    assert fences.ends is not None and fences.order is not None
+    return {"starts": fences.starts, "ends": fences.ends, "order": fences.order,
+            "wide_min": np.array([w[0] for w in fences.wide], dtype=bytes),
+            "wide_max": np.array([w[1] for w in fences.wide], dtype=bytes),
+            "wide_group": np.array([w[2] for w in fences.wide], dtype=np.int64)}
+
+
+def _fences_of_arrays(footer: Footer, arrays: dict[str, np.ndarray]) -> Fences:
+    if "starts" not in arrays:
+        return Fences(footer, None)
+    wide = tuple(zip(arrays["wide_min"].tolist(), arrays["wide_max"].tolist(), arrays["wide_group"].tolist(), strict=True))
+    return Fences(footer, arrays["starts"], arrays["ends"], arrays["order"], wide)
 
 
 def fence_values(values: pl.Series) -> np.ndarray:
