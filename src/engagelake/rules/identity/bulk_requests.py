@@ -12,6 +12,7 @@ from __future__ import annotations
 import polars as pl
 import pyarrow as pa
 
+from engagelake.rules import duck
 from engagelake.rules import messages as M
 from engagelake.rules.identity.requests import ALIAS_SEP, MAX_ITEMS
 from engagelake.rules.profile.validate import normalize_email, normalize_phone
@@ -35,9 +36,7 @@ def _side_sql(s: str) -> str:
 
 
 def _frames(pending: list[tuple[int, str]]) -> tuple[pl.DataFrame, pl.DataFrame]:
-    import duckdb  # on first use: a process that only reads never loads it
-    con = duckdb.connect()
-    try:
+    with duck.connection() as con:
         con.register("bodies", pa.table({"req": [r for r, _ in pending], "body": [t for _, t in pending]}))
         con.sql("CREATE TEMP TABLE b AS SELECT req, body::JSON AS j FROM bodies")
         reqs = con.sql("SELECT req, json_type(j) AS t, json_type(j, '$.merge_updates') AS a_t, "
@@ -50,8 +49,6 @@ def _frames(pending: list[tuple[int, str]]) -> tuple[pl.DataFrame, pl.DataFrame]
             "v -> 'identifier_to_keep' AS tgt FROM e) "
             f"SELECT req, item, e_t, {_side_sql('src')}, {_side_sql('tgt')} FROM f"
         ).to_arrow_table()
-    finally:
-        con.close()
     r, i = pl.from_arrow(reqs), pl.from_arrow(items)
     assert isinstance(r, pl.DataFrame) and isinstance(i, pl.DataFrame)
     return r, i.sort("req", "item")  # sorted here: DuckDB sorting the wide rows costs more
@@ -165,9 +162,7 @@ def _identify_frames(pending: list[tuple[int, str]]) -> tuple[pl.DataFrame, pl.D
         f"unnest(range(json_array_length(j, '$.{f}')::BIGINT)) AS item, unnest(json_extract(j, '$.{f}[*]')) AS v "
         f"FROM b WHERE json_type(j, '$.{f}') = 'ARRAY'"
         for order, (f, k) in enumerate(IDENTIFY_ARRAYS))
-    import duckdb
-    con = duckdb.connect()
-    try:
+    with duck.connection() as con:
         con.register("bodies", pa.table({"req": [r for r, _ in pending], "body": [t for _, t in pending]}))
         con.sql("CREATE TEMP TABLE b AS SELECT req, body::JSON AS j FROM bodies")
         reqs = con.sql(f"SELECT req, json_type(j) AS t, {req_cols}, json_type(j, '$.merge_behavior') AS mb_t, "
@@ -175,8 +170,6 @@ def _identify_frames(pending: list[tuple[int, str]]) -> tuple[pl.DataFrame, pl.D
         items = con.sql(
             f"WITH e AS ({parts}) SELECT req, arr, field, kind, item, json_type(v) AS e_t, {_side_sql('v')}, "
             "json_object(kind, v -> kind)::VARCHAR AS source FROM e ORDER BY req, arr, item").to_arrow_table()
-    finally:
-        con.close()
     r, i = pl.from_arrow(reqs), pl.from_arrow(items)
     assert isinstance(r, pl.DataFrame) and isinstance(i, pl.DataFrame)
     return r, i

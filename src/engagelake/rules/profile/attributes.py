@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import orjson
 import polars as pl
 
+from engagelake.rules import duck
 from engagelake.rules import formats as F
 from engagelake.rules import messages as M
 
@@ -180,17 +181,13 @@ def _fold_arrays(keys: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
     """Keys with `base` (JSON array text or null) and their `arr` steps → final array values."""
     if keys.height == 0:
         return pl.DataFrame(schema={"service_id": pl.String, "name": pl.String, "value": pl.String})
-    import duckdb
-    con = duckdb.connect()
-    try:
+    with duck.connection() as con:
         base = keys.select(*KEY, pl.when(pl.col("base").str.starts_with("[")).then(pl.col("base")).alias("base"))
         base_e = _explode_arrays(con, base, "base").with_columns(
             seq=pl.lit(-1, pl.Int64), kind=pl.lit("add"))
         add_e = _explode_arrays(con, steps.select(*KEY, "seq", "add"), "add").with_columns(kind=pl.lit("add"))
         rem_e = _explode_arrays(con, steps.select(*KEY, "seq", "remove"), "remove").with_columns(
             kind=pl.lit("remove"), pos=pl.col("pos") + BIG)
-    finally:
-        con.close()
     events = pl.concat([base_e, add_e, rem_e], how="diagonal_relaxed").select(*KEY, "seq", "pos", "kind", "elem")
     events = _with_canon(events)
     # keys that may pass the cap mid-way take the sequential slow path

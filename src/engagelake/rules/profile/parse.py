@@ -20,6 +20,8 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from engagelake.rules import duck
+
 if TYPE_CHECKING:
     import duckdb  # imported where used: a process that only reads never loads it
 
@@ -131,12 +133,8 @@ def parse_track(bodies: pa.Table) -> ParsedTrack:
 
 
 def _parse(bodies: pa.Table, *, threads: int | None) -> ParsedTrack:
-    import duckdb
-    con = duckdb.connect(config={"threads": threads} if threads else {})
-    try:
+    with duck.connection(threads) as con:
         return _parse_chunk(con, bodies)
-    finally:
-        con.close()
 
 
 def _chunk_ends(sizes: np.ndarray, limit: int) -> list[int]:

@@ -21,6 +21,7 @@ from typing import Any
 import polars as pl
 
 from engagelake.requests.models import TrackFatalResponse, TrackResponse, dump
+from engagelake.rules import duck
 from engagelake.rules.messages import ERR_UNKNOWN_SERVICE_ID
 from engagelake.rules.profile.attributes import attribute_errors, fold_attributes
 from engagelake.rules.profile.parse import ARRAYS, ParsedTrack
@@ -48,15 +49,11 @@ def service_ids(seed: str, ordinals: pl.Series) -> pl.Series:
     """`sha256(f"{seed}:{n}")[:24]` for each ordinal, computed in DuckDB."""
     if ordinals.len() == 0:
         return pl.Series([], dtype=pl.String)
-    import duckdb  # on first use: a process that only reads never loads it
-    con = duckdb.connect()
-    try:
+    with duck.connection() as con:
         con.register("ords", pl.DataFrame({"n": ordinals}).to_arrow())
         out = con.sql(
             "SELECT left(sha256($seed || ':' || n::VARCHAR), 24) AS sid FROM ords", params={"seed": seed}
         ).to_arrow_table()
-    finally:
-        con.close()
     return pl.Series(out.column("sid").to_pylist(), dtype=pl.String)
 
 
