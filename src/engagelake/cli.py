@@ -1,4 +1,5 @@
-"""The `engagelake` command line: `demo`, `apply`, `export`, `sql`, `lineage`, `compact`, `publish`.
+"""The `engagelake` command line: `demo`, `apply`, `export`, `sql`, `lineage`, `compact`, `publish`,
+`serve`, `keys`, `scim-tokens`.
 
 Every command is a thin edge over `Workspace` (or, for `demo`, the `track_batch` flow, which
 calls `Workspace`). Heavy modules (polars, duckdb, deltalake, prefect) are imported inside the
@@ -294,6 +295,147 @@ def publish(
     target = out or f"{store.rstrip('/')}/current"
     _console().print(f"published batch {workspace.store.head.batch_no} to {target}: "
                      + ", ".join(f"{name} {n:,}" for name, n in rows.items()))
+
+
+# --- the REST server and its credentials ------------------------------------------------------------
+keys_app = typer.Typer(help="API keys of the REST server: create, list, revoke.", no_args_is_help=True)
+scim_tokens_app = typer.Typer(help="SCIM tokens of the REST server: create, list, revoke.", no_args_is_help=True)
+app.add_typer(keys_app, name="keys")
+app.add_typer(scim_tokens_app, name="scim-tokens")
+
+
+@app.command()
+def serve(
+    store: Store = DEFAULT_STORE,
+    host: Annotated[str, typer.Option(help="Interface to listen on (0.0.0.0: every interface).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=0, max=65535, help="TCP port.")] = 8000,
+    rate_limits: Annotated[
+        str, typer.Option("--rate-limits", help="on: the specification's limits; off: none (benchmarks, trusted callers).")
+    ] = "on",
+    rate_limit: Annotated[
+        list[str] | None,
+        typer.Option("--rate-limit", metavar="NAME=REQUESTS/SECONDS",
+                     help="Override one limit, e.g. --rate-limit export=500/60 (repeatable; names in docs/server.md)."),
+    ] = None,
+    max_body_bytes: Annotated[int, typer.Option(min=1, help="Largest request body accepted (413 beyond).")] = 10 * 1024 * 1024,
+) -> None:
+    """Serve the API over HTTP: every endpoint, with API keys, SCIM tokens and rate limits.
+
+    Create a key first (engagelake keys create --name NAME --permissions all); GET /healthz answers
+    once the server is ready. SIGTERM or Ctrl-C finishes and commits the requests in flight, then stops.
+
+    Example: engagelake serve --store data/store --port 8000
+    """
+    from engagelake.api.limits import DEFAULT_LIMITS, parse_limit
+
+    if rate_limits not in ("on", "off"):
+        _fail(f"--rate-limits takes on or off, not {rate_limits!r}")
+    limits = dict(DEFAULT_LIMITS)
+    for text in rate_limit or []:
+        try:
+            name, limit = parse_limit(text)
+        except ValueError as error:
+            _fail(f"--rate-limit: {error}")
+        limits[name] = limit
+    with _input_errors():
+        import uvicorn
+
+        from engagelake import Workspace
+        from engagelake.api import create_app
+
+        workspace = Workspace.open(store)
+        app_ = create_app(workspace, rate_limits=limits if rate_limits == "on" else None,
+                          max_body_bytes=max_body_bytes)
+        uvicorn.run(app_, host=host, port=port, log_level="info")
+
+
+@keys_app.command("create")
+def keys_create(
+    name: Annotated[str, typer.Option(help="A name for the key, unique among active keys (revoke by it).")],
+    permissions: Annotated[
+        str, typer.Option(help="Comma-separated permissions, e.g. users.track,users.export.ids; or all.")
+    ],
+    store: Store = DEFAULT_STORE,
+) -> None:
+    """Create an API key and print it, alone, on the last line. It is shown once: the store
+    keeps only its digest.
+
+    Example: engagelake keys create --name ingest --permissions users.track
+    """
+    with _input_errors():
+        from engagelake import Workspace
+
+        key = Workspace.open(store).credentials.create_key(name, permissions.split(","))
+    typer.echo(f"created API key {name!r}; it is shown once, store it now:")
+    typer.echo(key)
+
+
+@keys_app.command("list")
+def keys_list(store: Store = DEFAULT_STORE) -> None:
+    """List every key ever created (names, IDs, permissions, times; never a secret)."""
+    from rich.table import Table
+
+    with _input_errors():
+        keys = _open_existing(store).credentials.list_keys()
+    table = Table("name", "key ID", "permissions", "created", "revoked")
+    for key in keys:
+        table.add_row(key["name"], key["key_id"], ", ".join(key["permissions"]), _cell(key["created_at"]),
+                      _cell(key["revoked_at"]) if key["revoked_at"] else "")
+    _console().print(table)
+
+
+@keys_app.command("revoke")
+def keys_revoke(
+    name: Annotated[str, typer.Argument(help="The name of the key to revoke.", show_default=False)],
+    store: Store = DEFAULT_STORE,
+) -> None:
+    """Revoke an API key: a running server refuses it within a second."""
+    with _input_errors():
+        _open_existing(store).credentials.revoke_key(name)
+    _console().print(f"revoked API key {name!r}")
+
+
+@scim_tokens_app.command("create")
+def scim_tokens_create(
+    origin: Annotated[str, typer.Option(help="The caller's origin, sent as X-Request-Origin with the token.")],
+    store: Store = DEFAULT_STORE,
+) -> None:
+    """Create a SCIM token bound to an origin and print it, alone, on the last line (shown once).
+
+    Example: engagelake scim-tokens create --origin https://idp.example.com
+    """
+    with _input_errors():
+        from engagelake import Workspace
+
+        token = Workspace.open(store).credentials.create_scim_token(origin)
+    typer.echo(f"created SCIM token for origin {origin!r}; it is shown once, store it now:")
+    typer.echo(token)
+
+
+@scim_tokens_app.command("list")
+def scim_tokens_list(store: Store = DEFAULT_STORE) -> None:
+    """List every SCIM token ever created (IDs, origins, times; never a secret)."""
+    from rich.table import Table
+
+    with _input_errors():
+        tokens = _open_existing(store).credentials.list_scim_tokens()
+    table = Table("token ID", "origin", "created", "revoked")
+    for token in tokens:
+        table.add_row(token["token_id"], token["origin"], _cell(token["created_at"]),
+                      _cell(token["revoked_at"]) if token["revoked_at"] else "")
+    _console().print(table)
+
+
+@scim_tokens_app.command("revoke")
+def scim_tokens_revoke(
+    token_id: Annotated[str, typer.Argument(help="The token's ID (the part after els_, before the next _).",
+                                            show_default=False)],
+    store: Store = DEFAULT_STORE,
+) -> None:
+    """Revoke a SCIM token: a running server refuses it within a second."""
+    with _input_errors():
+        _open_existing(store).credentials.revoke_scim_token(token_id)
+    _console().print(f"revoked SCIM token {token_id!r}")
 
 
 # --- demo steps ----------------------------------------------------------------------------------

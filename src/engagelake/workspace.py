@@ -27,6 +27,7 @@ from engagelake.errors import StaleStoreError, StoreError
 from engagelake.resources import RESOURCE_ROUTES
 from engagelake.resources.campaigns import Campaigns
 from engagelake.resources.catalogs import Catalogs
+from engagelake.resources.credentials import Credentials
 from engagelake.resources.preference_centers import PreferenceCenters
 from engagelake.resources.scim import Scim
 from engagelake.routing import Context, Handler, Request, Response, compile_pattern, split_path
@@ -66,12 +67,26 @@ USER_ROUTES: dict[str, dict[str, str]] = {
 
 
 def _routes() -> list[tuple[re.Pattern[str], dict[str, str | Handler]]]:
-    table: dict[str, dict[str, str | Handler]] = {p: dict(m) for p, m in USER_ROUTES.items()}
-    table.update({p: dict(m) for p, m in RESOURCE_ROUTES.items()})
-    return [(compile_pattern(p), methods) for p, methods in table.items()]
+    return [(compile_pattern(p), methods) for p, methods in ROUTE_TABLE.items()]
 
 
+ROUTE_TABLE: dict[str, dict[str, str | Handler]] = {
+    **{p: dict(m) for p, m in USER_ROUTES.items()}, **{p: dict(m) for p, m in RESOURCE_ROUTES.items()}}
 ROUTES = _routes()
+
+
+def route_of(method: str, path: str) -> tuple[str | None, Response | None]:
+    """The route pattern a request names (`/catalogs/{catalog_name}/items`), or the 404/405
+    response `call` gives it: the server checks permissions by pattern before the dispatch."""
+    method = method.upper()
+    path, _ = split_path(path)
+    for (pattern, methods), (regex, _) in zip(ROUTE_TABLE.items(), ROUTES, strict=True):
+        if regex.match(path):
+            if method not in methods:
+                return None, Response(405, {"message": M.METHOD_NOT_ALLOWED.format(
+                    method=method, path=path, allowed=", ".join(methods))})
+            return pattern, None
+    return None, Response(404, {"message": M.NOT_FOUND.format(method=method, path=path)})
 
 
 def _now() -> datetime:
@@ -439,6 +454,11 @@ class Workspace:
     @property
     def campaigns(self) -> Campaigns:
         return Campaigns(self)
+
+    @property
+    def credentials(self) -> Credentials:
+        """API keys and SCIM tokens of the REST server (`engagelake serve`)."""
+        return Credentials(self)
 
     # --- reading -------------------------------------------------------------------------------
     def table_names(self) -> list[str]:

@@ -8,6 +8,7 @@ import polars as pl
 
 from engagelake.tables import campaigns as tables_campaigns
 from engagelake.tables import catalogs as tables_catalogs
+from engagelake.tables import credentials as tables_credentials
 from engagelake.tables import preference_centers as tables_preference_centers
 from engagelake.tables import scim as tables_scim
 
@@ -85,7 +86,7 @@ HISTORY = ("events", "purchases")
 
 USER_TABLES = tuple(SCHEMAS)  # the user tables; resource tables follow
 
-for _module in (tables_scim, tables_preference_centers, tables_catalogs, tables_campaigns):
+for _module in (tables_scim, tables_preference_centers, tables_catalogs, tables_campaigns, tables_credentials):
     SCHEMAS.update(_module.SCHEMAS)
     KEYS.update(_module.KEYS)
 

@@ -1,0 +1,159 @@
+"""Benchmark the REST server: C concurrent connections send `/users/track` requests of 75
+attribute objects each for S seconds, with rate limits off, to a real `engagelake serve`
+process on a fresh store.
+
+    cd /work/main && uv run python benchmarks/server.py [--connections 64] [--seconds 20]
+
+Prints requests/s, objects/s, p50/p99 latency, non-2xx answers and the server's peak RSS; then
+checks, by export over HTTP, that a sample of the acknowledged objects is stored (every object
+creates its own user, so each is found or lost), and prints the latency of one export at idle.
+Target on the 2-core machine (issue 10): >= 1,000 requests/s, p99 <= 500 ms, 0 lost. Prints
+figures; asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import orjson
+from rich.console import Console
+from rich.table import Table
+
+OBJECTS = 75
+TARGET_RPS = 1_000
+TARGET_P99_MS = 500.0
+SAMPLE = 500  # acknowledged objects checked by export
+
+console = Console()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def peak_rss(pid: int) -> int:
+    """The peak resident set of a process (VmHWM), in bytes."""
+    with open(f"/proc/{pid}/status", "rb") as f:
+        for line in f:
+            if line.startswith(b"VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def body(connection: int, number: int) -> bytes:
+    """One request: 75 attribute objects, each creating its own user."""
+    return orjson.dumps({"attributes": [
+        {"external_id": f"c{connection}-r{number}-o{j}", "email": f"c{connection}.{number}.{j}@example.com",
+         "plan": "pro" if j % 3 else "free", "request": number, "visits": {"inc": 1}}
+        for j in range(OBJECTS)]})
+
+
+async def load(base: str, key: str, connections: int, seconds: float) -> tuple[list[float], list[int], list[str]]:
+    """Each connection sends requests one after another until the time is up: latencies (ms),
+    statuses, and the external IDs of the objects acknowledged with 201."""
+    latencies: list[float] = []
+    statuses: list[int] = []
+    acknowledged: list[str] = []
+    headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+    deadline = time.perf_counter() + seconds
+    limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
+    async with httpx.AsyncClient(base_url=base, limits=limits, timeout=120) as client:
+        async def run(c: int) -> None:
+            n = 0
+            while time.perf_counter() < deadline:
+                content = body(c, n)
+                started = time.perf_counter()
+                r = await client.post("/users/track", content=content, headers=headers)
+                latencies.append((time.perf_counter() - started) * 1000)
+                statuses.append(r.status_code)
+                if r.status_code == 201:
+                    acknowledged.append(f"c{c}-r{n}-o{random.randrange(OBJECTS)}")
+                n += 1
+
+        await asyncio.gather(*(run(c) for c in range(connections)))
+    return latencies, statuses, acknowledged
+
+
+def check_stored(client: httpx.Client, key: str, ids: list[str]) -> int:
+    """How many of `ids` an export does not find (lost acknowledged objects)."""
+    found = 0
+    for start in range(0, len(ids), 50):
+        part = ids[start:start + 50]
+        r = client.post("/users/export/ids", headers={"Authorization": f"Bearer {key}"},
+                        content=orjson.dumps({"external_ids": part, "fields_to_export": ["external_id"]}))
+        found += len(r.json().get("users", []))
+    return len(ids) - found
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--connections", type=int, default=64)
+    ap.add_argument("--seconds", type=float, default=20.0)
+    ap.add_argument("--store", type=Path, default=None, help="a fresh store folder (default: a temporary one)")
+    args = ap.parse_args()
+    store = args.store or Path(tempfile.mkdtemp(prefix="engagelake-server-")) / "store"
+    cli = [str(Path(sys.executable).with_name("engagelake"))]  # the installed command
+    created = subprocess.run([*cli, "keys", "create", "--store", str(store), "--name", "bench",
+                              "--permissions", "users.track,users.export.ids"],
+                             check=True, capture_output=True, text=True)
+    key = created.stdout.strip().splitlines()[-1]
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    server = subprocess.Popen([*cli, "serve", "--store", str(store), "--port", str(port), "--rate-limits", "off"],
+                              stdout=subprocess.DEVNULL, stderr=(store.parent / "server.log").open("wb"))
+    try:
+        with httpx.Client(base_url=base, timeout=120) as client:
+            for _ in range(600):
+                try:
+                    if client.get("/healthz").status_code == 200:
+                        break
+                except httpx.TransportError:
+                    time.sleep(0.1)
+            console.print(f"server up on {base}; {args.connections} connections for {args.seconds:g} s, "
+                          f"{OBJECTS} attribute objects per request")
+            started = time.perf_counter()
+            latencies, statuses, acknowledged = asyncio.run(load(base, key, args.connections, args.seconds))
+            elapsed = time.perf_counter() - started
+            sample = random.Random(7).sample(acknowledged, min(SAMPLE, len(acknowledged)))
+            lost = check_stored(client, key, sample)
+            idle = []
+            for external_id in sample[:20]:
+                t = time.perf_counter()
+                client.post("/users/export/ids", headers={"Authorization": f"Bearer {key}"},
+                            content=orjson.dumps({"external_ids": [external_id], "fields_to_export": ["external_id"]}))
+                idle.append((time.perf_counter() - t) * 1000)
+            rss = peak_rss(server.pid)
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(60)
+    ok = sum(1 for s in statuses if 200 <= s < 300)
+    rps = len(statuses) / elapsed
+    ordered = sorted(latencies)
+    p50 = statistics.median(ordered) if ordered else float("nan")
+    p99 = ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] if ordered else float("nan")
+    table = Table("figure", "value", "target", title=f"REST server: {args.connections} connections")
+    table.add_row("requests/s", f"{rps:,.0f} ({len(statuses):,} in {elapsed:.1f} s)", f">= {TARGET_RPS:,}")
+    table.add_row("objects/s", f"{ok * OBJECTS / elapsed:,.0f}", "")
+    table.add_row("latency p50 / p99", f"{p50:,.0f} / {p99:,.0f} ms", f"p99 <= {TARGET_P99_MS:,.0f} ms")
+    table.add_row("non-2xx answers", f"{len(statuses) - ok:,}", "0")
+    table.add_row("acknowledged objects lost (sample)", f"{lost} of {len(sample)}", "0")
+    table.add_row("one export at idle, p50", f"{statistics.median(idle):,.1f} ms" if idle else "-", "")
+    table.add_row("server peak RSS", f"{rss / 1024**2:,.0f} MiB", "")
+    console.print(table)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,224 @@
+"""The REST server: the specification's API over HTTP, with API keys, SCIM tokens and rate
+limits, in front of the one dispatch (`Workspace.apply`, through the group-commit writer).
+
+The server adds HTTP, authentication and limits, never rules: a request's status and body are
+exactly what `Workspace.call` answers. `create_app(workspace)` builds the app; `engagelake
+serve` runs it under uvicorn (`docs/server.md`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import orjson
+from fastapi import FastAPI, Request
+from fastapi.openapi.utils import get_openapi
+from fastapi.responses import HTMLResponse
+from fastapi.responses import Response as HttpResponse
+from pydantic.json_schema import models_json_schema
+
+from engagelake.api.limits import DEFAULT_LIMITS, LIMITED, Limit, RateLimiter
+from engagelake.api.writer import MAX_BATCH, GroupCommitWriter
+from engagelake.permissions import ENDPOINT_PERMISSIONS, SCIM, SIGNED_LINK
+from engagelake.requests.bodies import REQUEST_BODIES
+from engagelake.requests.models import ExportResponse, TrackResponse
+from engagelake.resources.credentials import KeyRing
+from engagelake.resources.scim import ERROR_SCHEMA
+from engagelake.routing import Response
+from engagelake.workspace import ROUTE_TABLE, Workspace, route_of
+
+MAX_BODY_BYTES = 10 * 1024 * 1024
+CREDENTIALS_TTL_S = 1.0  # a key created or revoked by another process counts within this
+BEARER = re.compile(r"^\s*Bearer\s+(\S+)\s*$", re.IGNORECASE)
+RESPONSE_MODELS: dict[tuple[str, str], Any] = {
+    ("POST", "/users/track"): TrackResponse, ("POST", "/users/export/ids"): ExportResponse}
+SUCCESS_STATUS: dict[tuple[str, str], int] = {  # for the document (SEMANTICS.md: success statuses)
+    ("POST", "/users/track"): 201, ("POST", "/users/merge"): 202, ("POST", "/catalogs"): 201,
+    ("PUT", "/catalogs/{catalog_name}/items"): 202, ("DELETE", "/catalogs/{catalog_name}/items"): 202,
+    ("POST", "/scim/v2/Users"): 201, ("DELETE", "/scim/v2/Users/{id}"): 204}
+
+
+class _Credentials:
+    """The store's active keys and tokens, read again when older than `ttl` seconds, through a
+    workspace of their own (the writer's is the writer thread's alone)."""
+
+    def __init__(self, uri: str, ttl: float):
+        self.uri, self.ttl = uri, ttl
+        self._reader: Workspace | None = None
+        self._ring: KeyRing | None = None
+        self._read_at = -float("inf")
+        self._lock = threading.Lock()
+
+    def ring(self) -> KeyRing:
+        with self._lock:
+            if self._ring is None or time.monotonic() - self._read_at > self.ttl:
+                self._reader = self._reader or Workspace.open(self.uri)
+                self._ring = self._reader.credentials.key_ring()
+                self._read_at = time.monotonic()
+            return self._ring
+
+
+def _json(status: int, body: Any, headers: dict[str, str] | None = None) -> HttpResponse:
+    return HttpResponse(orjson.dumps(body), status_code=status, media_type="application/json", headers=headers)
+
+
+def _answer(response: Response, headers: dict[str, str]) -> HttpResponse:
+    if response.body is None:
+        return HttpResponse(status_code=response.status, headers=headers)
+    if isinstance(response.body, str):  # a preference center page
+        return HTMLResponse(response.body, status_code=response.status, headers=headers)
+    return _json(response.status, response.body, headers)
+
+
+def _refused(message: str) -> HttpResponse:
+    return _json(401, {"message": f"Invalid API key: {message}"})
+
+
+def _scim_refused(detail: str) -> HttpResponse:
+    return _json(401, {"schemas": [ERROR_SCHEMA], "detail": detail, "status": 401})
+
+
+async def _read_body(request: Request, limit: int) -> bytes | None:
+    """The body, or None when it is over `limit` bytes (read no further than that)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        return None
+    parts, size = [], 0
+    async for part in request.stream():
+        size += len(part)
+        if size > limit:
+            return None
+        parts.append(part)
+    return b"".join(parts)
+
+
+def _key_in_body(body: bytes) -> bool:
+    if b'"api_key"' not in body:
+        return False
+    try:
+        parsed = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return False
+    return isinstance(parsed, dict) and "api_key" in parsed
+
+
+def create_app(workspace: Workspace, *, rate_limits: dict[str, Limit] | None = DEFAULT_LIMITS,
+               clock: Callable[[], float] = time.time, max_body_bytes: int = MAX_BODY_BYTES,
+               max_batch: int = MAX_BATCH, credentials_ttl: float = CREDENTIALS_TTL_S) -> FastAPI:
+    """The FastAPI app over `workspace`. `rate_limits` None turns limits off; `clock` gives
+    the unix seconds the limits count in."""
+    writer = GroupCommitWriter(workspace, max_batch=max_batch)
+    limiter = RateLimiter(dict(rate_limits), clock) if rate_limits is not None else None
+    credentials = _Credentials(str(workspace.store.uri), credentials_ttl)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await asyncio.to_thread(credentials.ring)  # the store opens before the first request
+        writer.start()
+        try:
+            yield
+        finally:  # uvicorn has finished the requests in flight: apply what queued, then stop
+            await asyncio.to_thread(writer.stop)
+            await asyncio.to_thread(workspace.close)
+
+    app = FastAPI(title="engagelake", version="1", lifespan=lifespan,
+                  description="The customer-engagement REST API over an engagelake store.")
+    app.state.writer = writer
+
+    async def authorize(request: Request, permission: str, body: bytes, endpoint: str) -> HttpResponse | None:
+        if permission == SIGNED_LINK:
+            return None
+        ring = await asyncio.to_thread(credentials.ring)
+        match = BEARER.match(request.headers.get("authorization", ""))
+        if permission == SCIM:
+            origin = ring.scim_token(match.group(1)) if match else None
+            if origin is None:
+                return _scim_refused("a valid SCIM token is required in the Authorization: Bearer header")
+            if request.headers.get("x-request-origin") != origin:
+                return _scim_refused("the X-Request-Origin header does not match this SCIM token's origin")
+            return None
+        if _key_in_body(body):
+            return _refused("send the API key in the Authorization: Bearer header, not in the request body")
+        if match is None:
+            return _refused("no key sent; send it in the Authorization: Bearer header")
+        key = ring.api_key(match.group(1))
+        if key is None:
+            return _refused("the key is not known, or was revoked")
+        if not key.allows(permission):
+            return _refused(f"key {key.name!r} lacks the permission {permission!r} that {endpoint} needs")
+        return None
+
+    async def dispatch(request: Request) -> HttpResponse:
+        method, path = request.method, request.url.path
+        pattern, error = route_of(method, path)
+        if error is not None:
+            return _answer(error, {})
+        assert pattern is not None
+        body = await _read_body(request, max_body_bytes)
+        if body is None:
+            return _json(413, {"message": f"request body over {max_body_bytes:,} bytes; split it into smaller requests"})
+        refused = await authorize(request, ENDPOINT_PERMISSIONS[(method, pattern)], body, f"{method} {pattern}")
+        if refused is not None:
+            return refused
+        headers: dict[str, str] = {}
+        limit = LIMITED.get((method, pattern))
+        if limiter is not None and limit is not None:
+            allowed, headers = limiter.hit(limit)
+            if not allowed:
+                return _json(429, {"message": f"rate limit of {method} {pattern} exceeded "
+                                              f"({headers['X-RateLimit-Limit']} requests per "
+                                              f"{limiter.limits[limit].seconds} s); retry after "
+                                              f"X-RateLimit-Reset"}, headers)
+        queued = {"method": method, "path": path, "body": body or None,  # no body: as `call` without one
+                  "query": dict(request.query_params)}
+        response = await asyncio.wrap_future(writer.submit(queued))
+        return _answer(response, headers)
+
+    @app.get("/healthz", include_in_schema=False)
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    for pattern, methods in ROUTE_TABLE.items():
+        for method in methods:
+            permission = ENDPOINT_PERMISSIONS[(method, pattern)]
+            needs = {SCIM: "a SCIM token (Authorization: Bearer) and its X-Request-Origin",
+                     SIGNED_LINK: "the signed token of the page's submit URL"}.get(
+                         permission, f"an API key with the permission `{permission}`")
+            parameters = [{"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
+                          for name in re.findall(r"\{(\w+)\}", pattern)]
+            app.add_api_route(pattern, dispatch, methods=[method], summary=f"{method} {pattern}",
+                              description=f"Needs {needs}.", name=f"{method} {pattern}",
+                              operation_id=method.lower() + re.sub(r"\W+", "_", pattern).rstrip("_"),
+                              status_code=SUCCESS_STATUS.get((method, pattern), 200),
+                              response_model=RESPONSE_MODELS.get((method, pattern)),
+                              openapi_extra={"parameters": parameters} if parameters else None)
+    # anything else: the dispatch's 404 or 405, as JSON
+    app.add_api_route("/{rest:path}", dispatch, include_in_schema=False,
+                      methods=["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"])
+
+    def openapi() -> dict[str, Any]:  # the request bodies' models, for documentation only
+        if app.openapi_schema is None:
+            schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+            models = sorted(set(REQUEST_BODIES.values()), key=lambda m: m.__name__)
+            _, defs = models_json_schema([(m, "validation") for m in models], ref_template="#/components/schemas/{model}")
+            schema.setdefault("components", {}).setdefault("schemas", {}).update(defs["$defs"])
+            for (method, pattern), model in REQUEST_BODIES.items():
+                schema["paths"][pattern][method.lower()]["requestBody"] = {"required": True, "content": {
+                    "application/json": {"schema": {"$ref": f"#/components/schemas/{model.__name__}"}}}}
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+    @app.exception_handler(Exception)
+    async def failed(request: Request, error: Exception) -> HttpResponse:  # never an HTML page
+        return _json(500, {"message": f"internal error ({type(error).__name__}); nothing of the request was lost "
+                                      "if it was not answered: retry it"})
+
+    return app

@@ -1,0 +1,94 @@
+"""Rate limits of the specification's Limits table, per workspace (one server process), in
+fixed windows aligned on the epoch: a window of 60 s resets on the minute, and
+`X-RateLimit-Reset` is the unix second it does.
+
+Requests are counted after they are authenticated: a caller without a key cannot use up a
+workspace's quota. Per-object limits (75 objects per array, 50 items) are the rules' business.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Limit:
+    requests: int
+    seconds: int
+
+
+DEFAULT_LIMITS: dict[str, Limit] = {
+    "track": Limit(3_000, 3),
+    "users": Limit(20_000, 60),  # merge, delete, alias new/update and identify, shared
+    "export": Limit(250, 60),
+    "external_ids": Limit(1_000, 60),  # rename (and remove, which the table does not name)
+    "scim": Limit(5_000, 86_400),
+    "preference_center": Limit(10, 60),  # POST and PUT
+    "catalog_items": Limit(16_000, 60),  # PUT and DELETE, shared
+    "translations": Limit(250_000, 86_400),
+}
+
+# (method, route pattern) -> the limit it counts against; other endpoints are not limited
+LIMITED: dict[tuple[str, str], str] = {
+    ("POST", "/users/track"): "track",
+    ("POST", "/users/merge"): "users",
+    ("POST", "/users/delete"): "users",
+    ("POST", "/users/alias/new"): "users",
+    ("POST", "/users/alias/update"): "users",
+    ("POST", "/users/identify"): "users",
+    ("POST", "/users/export/ids"): "export",
+    ("POST", "/users/external_ids/rename"): "external_ids",
+    ("POST", "/users/external_ids/remove"): "external_ids",
+    ("POST", "/scim/v2/Users"): "scim",
+    ("GET", "/scim/v2/Users"): "scim",
+    ("GET", "/scim/v2/Users/{id}"): "scim",
+    ("PUT", "/scim/v2/Users/{id}"): "scim",
+    ("DELETE", "/scim/v2/Users/{id}"): "scim",
+    ("POST", "/preference_center/v1"): "preference_center",
+    ("PUT", "/preference_center/v1/{preferenceCenterExternalID}"): "preference_center",
+    ("PUT", "/catalogs/{catalog_name}/items"): "catalog_items",
+    ("DELETE", "/catalogs/{catalog_name}/items"): "catalog_items",
+    ("GET", "/campaigns/translations"): "translations",
+    ("GET", "/campaign/translations"): "translations",
+}
+
+
+def parse_limit(text: str) -> tuple[str, Limit]:
+    """`track=3000/3` -> ("track", Limit(3000, 3)); ValueError saying what is expected."""
+    name, _, value = text.partition("=")
+    count, _, seconds = value.partition("/")
+    if name not in DEFAULT_LIMITS or not count.isdigit() or not seconds.isdigit() or int(seconds) < 1:
+        raise ValueError(f"expected NAME=REQUESTS/SECONDS with NAME one of {', '.join(DEFAULT_LIMITS)}, "
+                         f"got {text!r}")
+    return name, Limit(int(count), int(seconds))
+
+
+class RateLimiter:
+    """Counts requests per limit and window. `clock()` gives unix seconds (injectable)."""
+
+    def __init__(self, limits: dict[str, Limit], clock: Callable[[], float] = time.time):
+        self.limits = limits
+        self.clock = clock
+        self._windows: dict[str, tuple[int, int]] = {}  # name -> (window start, requests counted)
+        self._lock = threading.Lock()
+
+    def hit(self, name: str) -> tuple[bool, dict[str, str]]:
+        """Count one request against `name`: (allowed, the X-RateLimit-* headers)."""
+        limit = self.limits[name]
+        now = self.clock()
+        start = math.floor(now / limit.seconds) * limit.seconds
+        with self._lock:
+            window, used = self._windows.get(name, (start, 0))
+            if window != start:
+                used = 0
+            allowed = used < limit.requests
+            used += allowed
+            self._windows[name] = (start, used)
+        headers = {"X-RateLimit-Limit": str(limit.requests),
+                   "X-RateLimit-Remaining": str(limit.requests - used),
+                   "X-RateLimit-Reset": str(start + limit.seconds)}
+        return allowed, headers

@@ -1,0 +1,461 @@
+"""The REST server, started for real (uvicorn on a free port, in a thread) and spoken to over
+HTTP with httpx: every endpoint answers as `Workspace.call`, keys and permissions, SCIM tokens,
+rate limits, bad HTTP input, group commit under concurrent clients."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+import uvicorn
+from tests.helpers import NOW, open_ws
+
+from engagelake import Workspace
+from engagelake.api import create_app
+from engagelake.api.limits import DEFAULT_LIMITS, LIMITED, Limit
+from engagelake.permissions import ENDPOINT_PERMISSIONS, KEY_PERMISSIONS, SCIM, SIGNED_LINK
+from engagelake.resources.scim import ERROR_SCHEMA
+from engagelake.workspace import ROUTE_TABLE
+
+ORIGIN = "https://idp.example.com"
+
+
+@contextmanager
+def served(ws: Workspace, **options: Any) -> Iterator[httpx.Client]:
+    """The app over `ws` under a real uvicorn server; a client with its base URL."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    app = create_app(ws, **options)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert time.monotonic() < deadline and thread.is_alive(), "the server did not start"
+        time.sleep(0.01)
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as client:
+            client.writer = app.state.writer  # type: ignore[attr-defined]  # for the group-commit test
+            yield client
+    finally:
+        server.should_exit = True
+        thread.join(30)
+        sock.close()
+
+
+def bearer(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def scim_headers(token: str, origin: str = ORIGIN) -> dict[str, str]:
+    return {**bearer(token), "X-Request-Origin": origin}
+
+
+def send(client: httpx.Client, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None,
+         query: dict[str, str] | None = None) -> httpx.Response:
+    content = None if body is None else orjson.dumps(body)
+    return client.request(method, path, content=content, params=query,
+                          headers={"Content-Type": "application/json", **(headers or {})})
+
+
+def body_of(response: httpx.Response) -> Any:
+    if not response.content:
+        return None
+    if response.headers["content-type"].startswith("text/html"):
+        return response.text
+    return response.json()
+
+
+# one request per endpoint, in an order where most succeed (later ones use what earlier made)
+SCRIPT: list[tuple[str, str, Any, dict[str, str] | None]] = [
+    ("POST", "/users/track", {"attributes": [{"external_id": "ann", "email": "ann@example.com", "visits": {"inc": 2}},
+                                             {"external_id": "bob", "email": "bob@example.com"}],
+                              "events": [{"external_id": "ann", "name": "open", "time": "2026-11-20T10:00:00Z"}]},
+     None),
+    ("POST", "/users/export/ids", {"external_ids": ["ann"], "fields_to_export": ["email", "custom_attributes"]}, None),
+    ("POST", "/users/alias/new", {"user_aliases": [{"external_id": "ann", "alias_name": "a1", "alias_label": "crm"}]},
+     None),
+    ("POST", "/users/alias/update", {"alias_updates": [{"alias_label": "crm", "old_alias_name": "a1",
+                                                        "new_alias_name": "a2"}]}, None),
+    ("POST", "/users/identify", {"aliases_to_identify": [{"external_id": "ann",
+                                                           "user_alias": {"alias_name": "a2", "alias_label": "crm"}}]},
+     None),
+    ("POST", "/users/external_ids/rename", {"external_id_renames": [{"current_external_id": "bob",
+                                                                      "new_external_id": "robert"}]}, None),
+    ("POST", "/users/external_ids/remove", {"external_ids": ["bob"]}, None),
+    ("POST", "/users/merge", {"merge_updates": [{"identifier_to_merge": {"external_id": "robert"},
+                                                 "identifier_to_keep": {"external_id": "ann"}}]}, None),
+    ("POST", "/users/delete", {"external_ids": ["nobody"]}, None),
+    ("POST", "/catalogs", {"catalogs": [{"name": "shoes", "description": "Shoes",
+                                         "fields": [{"name": "id", "type": "string"},
+                                                    {"name": "price", "type": "number"}]}]}, None),
+    ("GET", "/catalogs", None, None),
+    ("PUT", "/catalogs/shoes/items", {"items": [{"id": "s1", "price": "12"}]}, None),
+    ("DELETE", "/catalogs/shoes/items", {"items": [{"id": "s1"}]}, None),
+    ("POST", "/preference_center/v1", {"name": "main", "preference_center_title": "Prefs",
+                                       "preference_center_page_html": "<p>{{${email_address}}}</p>",
+                                       "confirmation_page_html": "<p>done</p>"}, None),
+    ("GET", "/preference_center/v1/list", None, None),
+    ("GET", "/campaigns/translations", None, {"campaign_id": "c1", "message_variation_id": "m1"}),
+    ("GET", "/campaign/translations", None, {"campaign_id": "c1"}),
+    ("POST", "/scim/v2/Users", {"schemas": ["urn:ietf:params:scim:schemas:core:2.0:User"],
+                                "userName": "ann@example.com", "name": {"givenName": "Ann", "familyName": "Lee"},
+                                "department": "marketing", "permissions": {"companyPermissions": ["admin"]}}, None),
+    ("GET", "/scim/v2/Users", None, {"filter": 'userName eq "ann@example.com"'}),
+]
+
+
+def test_every_endpoint_answers_over_http_as_workspace_call(tmp_path: Path) -> None:
+    served_ws, twin = open_ws(tmp_path, "served"), open_ws(tmp_path, "twin")
+    key = served_ws.credentials.create_key("all", ["all"])
+    token = served_ws.credentials.create_scim_token(ORIGIN)
+    script = list(SCRIPT)
+    with served(served_ws) as client:
+        seen: set[tuple[str, str]] = set()
+        for method, path, body, query in script:
+            got = send(client, method, path, body, scim_headers(token) if path.startswith("/scim") else bearer(key),
+                       query)
+            want = twin.call(method, path, body, query)
+            assert (got.status_code, body_of(got)) == (want.status, want.body), (method, path)
+            seen.add((method, path))
+        # the endpoints that take IDs made by the script, once their IDs are known
+        center = twin.call("GET", "/preference_center/v1/list").body["preference_centers"][0]["preference_center_api_id"]
+        user = twin.call("GET", "/scim/v2/Users", query={"filter": 'userName eq "ann@example.com"'}).body
+        uid = user["Resources"][0]["id"]
+        later = [
+            ("GET", f"/preference_center/v1/{center}", None, None),
+            ("PUT", f"/preference_center/v1/{center}", {"name": "main", "preference_center_title": "New",
+                                                        "preference_center_page_html": "<p>{{${email_address}}}</p>",
+                                                        "confirmation_page_html": "<p>ok</p>"}, None),
+            ("GET", f"/preference_center/v1/{center}/page", None, {"external_id": "ann"}),
+            ("POST", f"/preference_center/v1/{center}/submit", {}, {"token": "forged"}),
+            ("GET", f"/scim/v2/Users/{uid}", None, None),
+            ("PUT", f"/scim/v2/Users/{uid}", {"schemas": ["urn:ietf:params:scim:schemas:core:2.0:User"],
+                                              "name": {"givenName": "Ann", "familyName": "Li"},
+                                              "department": "sales", "permissions": {}}, None),
+            ("DELETE", f"/scim/v2/Users/{uid}", None, None),
+        ]
+        for method, path, body, query in later:
+            got = send(client, method, path, body, scim_headers(token) if path.startswith("/scim") else bearer(key),
+                       query)
+            want = twin.call(method, path, body, query)
+            assert (got.status_code, body_of(got)) == (want.status, want.body), (method, path)
+    patterns = {(m, p) for p, methods in ROUTE_TABLE.items() for m in methods}
+    assert len(seen) + len(later) == len(patterns)  # every endpoint, once
+    assert served_ws.export_users(["external_id", "email"]) == twin.export_users(["external_id", "email"])
+
+
+def test_the_permission_table_covers_every_route() -> None:
+    assert {(m, p) for p, methods in ROUTE_TABLE.items() for m in methods} == set(ENDPOINT_PERMISSIONS)
+    assert set(LIMITED) <= set(ENDPOINT_PERMISSIONS)
+    assert set(LIMITED.values()) == set(DEFAULT_LIMITS)
+
+
+@pytest.fixture(scope="module")
+def keyed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[httpx.Client, Workspace, dict[str, str]]]:
+    """One served store with a key per permission (named after it), an `all` key and a SCIM token."""
+    ws = open_ws(tmp_path_factory.mktemp("keyed"))
+    keys = {permission: ws.credentials.create_key(permission, [permission]) for permission in KEY_PERMISSIONS}
+    keys["all"] = ws.credentials.create_key("everything", ["all"])
+    keys[SCIM] = ws.credentials.create_scim_token(ORIGIN)
+    with served(ws, rate_limits=None) as client:
+        yield client, ws, keys
+
+
+def concrete(pattern: str) -> str:
+    return pattern.replace("{catalog_name}", "shoes").replace("{preferenceCenterExternalID}", "x").replace("{id}", "x")
+
+
+@pytest.mark.parametrize(("method", "pattern"), sorted(ENDPOINT_PERMISSIONS))
+def test_permission_matrix(keyed: tuple[httpx.Client, Workspace, dict[str, str]], method: str, pattern: str) -> None:
+    """A key without the endpoint's permission gets 401 naming it; one with it gets past auth."""
+    client, _, keys = keyed
+    permission = ENDPOINT_PERMISSIONS[(method, pattern)]
+    path = concrete(pattern)
+    body = None if method == "GET" else {}
+    if permission in (SCIM, SIGNED_LINK):
+        with_key = send(client, method, path, body, bearer(keys["all"]))
+        if permission == SCIM:  # an API key is no SCIM token
+            assert with_key.status_code == 401 and with_key.json()["schemas"] == [ERROR_SCHEMA]
+        else:  # the signed link is the credential: no key needed, the handler checks the token
+            assert with_key.status_code != 401 and send(client, method, path, body).status_code != 401
+        return
+    for other, key in keys.items():
+        if other in (permission, "all", SCIM):
+            continue
+        refused = send(client, method, path, body, bearer(key))
+        assert refused.status_code == 401
+        assert refused.json() == {"message": f"Invalid API key: key {other!r} lacks the permission {permission!r} "
+                                             f"that {method} {pattern} needs"}
+        break
+    for allowed in (keys[permission], keys["all"]):
+        assert send(client, method, path, body, bearer(allowed)).status_code != 401
+
+
+def test_unauthenticated_requests_get_401_with_a_message(keyed: tuple[httpx.Client, Workspace, dict[str, str]]) -> None:
+    client, _, keys = keyed
+    track = {"attributes": [{"external_id": "x1"}]}
+    cases = [
+        ({}, "no key sent; send it in the Authorization: Bearer header"),
+        (bearer("elk_nope_nope"), "the key is not known, or was revoked"),
+        (bearer(keys["users.track"] + "x"), "the key is not known, or was revoked"),
+        ({"Authorization": keys["users.track"]}, "no key sent; send it in the Authorization: Bearer header"),
+        (bearer(keys[SCIM]), "the key is not known, or was revoked"),
+    ]
+    for headers, message in cases:
+        r = send(client, "POST", "/users/track", track, headers)
+        assert (r.status_code, r.json()) == (401, {"message": f"Invalid API key: {message}"})
+    in_body = send(client, "POST", "/users/track", {**track, "api_key": keys["users.track"]})
+    assert in_body.status_code == 401
+    assert "Authorization: Bearer header, not in the request body" in in_body.json()["message"]
+    # even with the header: a key in a body is refused, so that callers move it out
+    assert send(client, "POST", "/users/track", {**track, "api_key": "x"}, bearer(keys["users.track"])).status_code == 401
+
+
+def test_a_revoked_key_is_refused_at_once(tmp_path: Path) -> None:
+    ws = open_ws(tmp_path)
+    key = ws.credentials.create_key("ingest", ["users.track"])
+    track = {"attributes": [{"external_id": "x1"}]}
+    with served(ws, credentials_ttl=0) as client:
+        assert send(client, "POST", "/users/track", track, bearer(key)).status_code == 201
+        other = Workspace.open(tmp_path / "store")  # another process's, as `engagelake keys revoke`
+        other.credentials.revoke_key("ingest")
+        r = send(client, "POST", "/users/track", track, bearer(key))
+        assert (r.status_code, r.json()["message"]) == (401, "Invalid API key: the key is not known, or was revoked")
+        again = other.credentials.create_key("ingest", ["users.track"])  # the name is free again
+        assert send(client, "POST", "/users/track", track, bearer(again)).status_code == 201
+    listed = ws.credentials.list_keys()
+    assert sorted((k["name"], k["revoked_at"] is not None) for k in listed) == [("ingest", False), ("ingest", True)]
+    assert all(key not in str(row) for row in ws.table("api_keys").collect().rows())  # only digests are stored
+
+
+def test_scim_needs_its_token_and_origin(keyed: tuple[httpx.Client, Workspace, dict[str, str]]) -> None:
+    client, _, keys = keyed
+    cases = [
+        ({"X-Request-Origin": ORIGIN}, "a valid SCIM token is required in the Authorization: Bearer header"),
+        (scim_headers(keys[SCIM] + "x"), "a valid SCIM token is required in the Authorization: Bearer header"),
+        (bearer(keys[SCIM]), "the X-Request-Origin header does not match this SCIM token's origin"),
+        (scim_headers(keys[SCIM], "https://evil.example.com"),
+         "the X-Request-Origin header does not match this SCIM token's origin"),
+    ]
+    for headers, detail in cases:
+        r = send(client, "GET", "/scim/v2/Users/x", None, headers)
+        assert (r.status_code, r.json()) == (401, {"schemas": [ERROR_SCHEMA], "detail": detail, "status": 401})
+    assert send(client, "GET", "/scim/v2/Users/x", None, scim_headers(keys[SCIM])).status_code == 404
+
+
+class UnixClock:
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_rate_limits_count_per_window_and_answer_429(tmp_path: Path) -> None:
+    ws = open_ws(tmp_path)
+    key = ws.credentials.create_key("all", ["all"])
+    clock = UnixClock(NOW.timestamp() + 1)  # one second into a 3-second window
+    limits = {**DEFAULT_LIMITS, "track": Limit(2, 3)}
+    track = {"attributes": [{"external_id": "x1", "n": {"inc": 1}}]}
+    with served(ws, rate_limits=limits, clock=clock) as client:
+        reset = str(int(NOW.timestamp()) + 3)
+        for remaining in ("1", "0"):
+            r = send(client, "POST", "/users/track", track, bearer(key))
+            assert r.status_code == 201
+            assert (r.headers["X-RateLimit-Limit"], r.headers["X-RateLimit-Remaining"],
+                    r.headers["X-RateLimit-Reset"]) == ("2", remaining, reset)
+        over = send(client, "POST", "/users/track", track, bearer(key))
+        assert over.status_code == 429 and "rate limit of POST /users/track exceeded" in over.json()["message"]
+        assert (over.headers["X-RateLimit-Remaining"], over.headers["X-RateLimit-Reset"]) == ("0", reset)
+        # other limits count apart; unlimited endpoints carry no headers
+        export = send(client, "POST", "/users/export/ids", {"external_ids": ["x1"], "fields_to_export": ["external_id"]},
+                      bearer(key))
+        assert export.status_code == 200 and export.headers["X-RateLimit-Limit"] == "250"
+        assert "X-RateLimit-Limit" not in send(client, "GET", "/catalogs", None, bearer(key)).headers
+        # refused callers use up nothing
+        assert send(client, "POST", "/users/export/ids", {}, bearer("elk_x_y")).status_code == 401
+        assert send(client, "POST", "/users/export/ids", {"external_ids": ["x1"], "fields_to_export": ["email"]},
+                    bearer(key)).headers["X-RateLimit-Remaining"] == "248"
+        clock.now += 2  # the next window
+        again = send(client, "POST", "/users/track", track, bearer(key))
+        assert again.status_code == 201 and again.headers["X-RateLimit-Remaining"] == "1"
+    # the refused request was not applied: two increments, then one
+    custom = ws.call("POST", "/users/export/ids", {"external_ids": ["x1"], "fields_to_export": ["custom_attributes"]})
+    assert custom.body["users"][0]["custom_attributes"] == {"n": 3}
+
+
+def test_bad_http_input_gets_json_errors(keyed: tuple[httpx.Client, Workspace, dict[str, str]]) -> None:
+    client, _, keys = keyed
+    auth = bearer(keys["all"])
+    cases = [
+        (client.post("/users/track", content=b"{not json", headers=auth), 400, "request body is not valid JSON"),
+        (client.get("/users/nothing", headers=auth), 404, "no such endpoint: GET /users/nothing"),
+        (client.get("/", headers=auth), 404, "no such endpoint: GET /"),
+        (client.get("/users/track", headers=auth), 405, "method GET not allowed on /users/track; allowed: POST"),
+        (client.patch("/catalogs", headers=auth), 405, "method PATCH not allowed on /catalogs; allowed: GET, POST"),
+    ]
+    for response, status, message in cases:
+        assert response.headers["content-type"] == "application/json"
+        assert (response.status_code, response.json()) == (status, {"message": message})
+    no_body = client.post("/users/track", content=b"", headers=auth)  # as `call` without a body
+    assert (no_body.status_code, no_body.json()) == (400, Workspace.open(keyed[1].store.uri).call("POST", "/users/track").body)
+
+
+def test_bodies_over_the_limit_get_413(tmp_path: Path) -> None:
+    ws = open_ws(tmp_path)
+    key = ws.credentials.create_key("all", ["all"])
+    with served(ws, max_body_bytes=1000) as client:
+        big = {"attributes": [{"external_id": "x1", "note": "y" * 2000}]}
+        r = send(client, "POST", "/users/track", big, bearer(key))
+        assert (r.status_code, r.json()) == (413, {"message": "request body over 1,000 bytes; split it into smaller "
+                                                              "requests"})
+
+        def chunks() -> Iterator[bytes]:  # no Content-Length: the server stops reading at the limit
+            yield orjson.dumps(big)
+
+        streamed = client.post("/users/track", content=chunks(), headers=bearer(key))
+        assert streamed.status_code == 413
+        assert send(client, "POST", "/users/track", {"attributes": [{"external_id": "x1"}]}, bearer(key)).status_code == 201
+    assert ws.export_users(["external_id", "custom_attributes"]) == [{"external_id": "x1"}]
+
+
+def test_openapi_lists_every_endpoint_with_its_permission(keyed: tuple[httpx.Client, Workspace, dict[str, str]]) -> None:
+    client, _, _ = keyed
+    spec = client.get("/openapi.json").json()
+    listed = {(m.upper(), p) for p, ops in spec["paths"].items() for m in ops}
+    assert listed == set(ENDPOINT_PERMISSIONS)
+    track = spec["paths"]["/users/track"]["post"]
+    assert "users.track" in track["description"] and "201" in track["responses"]
+    assert track["requestBody"]["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/TrackRequest"}
+    assert {"AttributesObject", "EventObject", "PurchaseObject", "MergeRequest"} <= set(spec["components"]["schemas"])
+    assert client.get("/healthz").json() == {"status": "ok"}
+    assert client.get("/docs").status_code == 200
+
+
+CLIENTS, PER_CLIENT = 8, 200
+
+
+def test_concurrent_clients_lose_nothing_and_commit_in_groups(tmp_path: Path) -> None:
+    """8 clients x 200 track requests: every acknowledged object is stored, each client's own
+    order holds (its last write wins), and the writer grouped requests into fewer batches."""
+    ws = open_ws(tmp_path)
+    key = ws.credentials.create_key("ingest", ["users.track", "users.export.ids"])
+    with served(ws, rate_limits=None) as client:
+        def run(c: int) -> list[int]:
+            statuses = []
+            with httpx.Client(base_url=str(client.base_url), timeout=60) as own:
+                for i in range(PER_CLIENT):
+                    body = {"attributes": [{"external_id": f"client-{c}", "last": i},
+                                           {"external_id": "shared", "count": {"inc": 1}}],
+                            "events": [{"external_id": "shared", "name": f"c{c}", "time": "2026-11-20T10:00:00Z"}]}
+                    statuses.append(send(own, "POST", "/users/track", body, bearer(key)).status_code)
+            return statuses
+
+        with ThreadPoolExecutor(CLIENTS) as pool:
+            statuses = [s for part in pool.map(run, range(CLIENTS)) for s in part]
+        batches = client.writer.batches  # type: ignore[attr-defined]
+        export = send(client, "POST", "/users/export/ids",
+                      {"external_ids": ["shared", *(f"client-{c}" for c in range(CLIENTS))],
+                       "fields_to_export": ["external_id", "custom_attributes", "custom_events"]}, bearer(key)).json()
+    assert statuses == [201] * (CLIENTS * PER_CLIENT)
+    assert batches < CLIENTS * PER_CLIENT  # requests that queued together were applied together
+    users = {u["external_id"]: u for u in export["users"]}
+    assert users["shared"]["custom_attributes"] == {"count": CLIENTS * PER_CLIENT}
+    assert {e["name"]: e["count"] for e in users["shared"]["custom_events"]} == {f"c{c}": PER_CLIENT
+                                                                                  for c in range(CLIENTS)}
+    assert all(users[f"client-{c}"]["custom_attributes"] == {"last": PER_CLIENT - 1} for c in range(CLIENTS))
+
+
+def test_a_failed_commit_answers_503_and_the_server_keeps_serving(tmp_path: Path) -> None:
+    """A real failure: the next log entry of a table the commit writes is in the way (a folder
+    of that name). The request answers 503 and writes nothing; once the way is clear, the next
+    request is applied."""
+    ws = open_ws(tmp_path)
+    key = ws.credentials.create_key("all", ["all"])
+    from deltalake import DeltaTable
+    with served(ws) as client:
+        assert send(client, "POST", "/users/track", {"attributes": [{"external_id": "before"}]}, bearer(key)).status_code == 201
+        table = tmp_path / "store" / "external_ids"
+        blocker = table / "_delta_log" / f"{DeltaTable(str(table)).version() + 1:020d}.json"
+        blocker.mkdir()
+        failed = send(client, "POST", "/users/track", {"attributes": [{"external_id": "lost"}]}, bearer(key))
+        assert failed.status_code == 503 and "nothing of it was stored: retry it" in failed.json()["message"]
+        blocker.rmdir()
+        assert send(client, "POST", "/users/track", {"attributes": [{"external_id": "after"}]}, bearer(key)).status_code == 201
+        export = send(client, "POST", "/users/export/ids", {"external_ids": ["before", "lost", "after"],
+                                                            "fields_to_export": ["external_id"]}, bearer(key)).json()
+    assert [u["external_id"] for u in export["users"]] == ["before", "after"]
+    assert export["invalid_user_ids"] == ["lost"]
+
+
+def test_sigterm_finishes_the_requests_in_flight_and_loses_nothing(tmp_path: Path) -> None:
+    """`engagelake serve` as a process, 4 clients sending, SIGTERM mid-flight: the process exits
+    cleanly and every acknowledged object is in the store."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    store = tmp_path / "store"
+    key = open_ws(tmp_path).credentials.create_key("ingest", ["users.track"])
+    port = socket.socket()
+    port.bind(("127.0.0.1", 0))
+    number = port.getsockname()[1]
+    port.close()
+    command = [str(Path(sys.executable).with_name("engagelake")), "serve", "--store", str(store), "--port", str(number)]
+    log = tmp_path / "server.log"  # a file, not a pipe: a full pipe would stop the server
+    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log.open("wb"), env={**os.environ})
+    base = f"http://127.0.0.1:{number}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if httpx.get(f"{base}/healthz").status_code == 200:
+                break
+        except httpx.TransportError:
+            assert time.monotonic() < deadline and server.poll() is None, log.read_text()
+            time.sleep(0.1)
+    acknowledged: list[str] = []
+    stop = threading.Event()
+
+    def run(c: int) -> None:
+        with httpx.Client(base_url=base, timeout=60) as client:
+            for i in range(10_000):
+                if stop.is_set():
+                    return
+                ids = [f"c{c}-{i}-{j}" for j in range(5)]
+                try:
+                    r = send(client, "POST", "/users/track", {"attributes": [{"external_id": x} for x in ids]},
+                             bearer(key))
+                except httpx.TransportError:  # the server stopped taking requests
+                    return
+                if r.status_code == 201:
+                    acknowledged.extend(ids)
+
+    threads = [threading.Thread(target=run, args=(c,)) for c in range(4)]
+    for t in threads:
+        t.start()
+    while len(acknowledged) < 40:
+        time.sleep(0.05)
+    server.send_signal(signal.SIGTERM)
+    # uvicorn shuts down gracefully, then raises the signal again: the exit status is SIGTERM's
+    assert server.wait(60) == -signal.SIGTERM
+    assert "Application shutdown complete" in log.read_text()
+    stop.set()
+    for t in threads:
+        t.join(60)
+    ws = Workspace.open(store)
+    for start in range(0, len(acknowledged), 50):
+        part = acknowledged[start:start + 50]
+        found = ws.call("POST", "/users/export/ids", {"external_ids": part, "fields_to_export": ["external_id"]})
+        assert sorted(u["external_id"] for u in found.body["users"]) == sorted(part)
