@@ -373,15 +373,10 @@ def keys_create(
 @keys_app.command("list")
 def keys_list(store: Store = DEFAULT_STORE) -> None:
     """List every key ever created (names, IDs, permissions, times; never a secret)."""
-    from rich.table import Table
-
     with _input_errors():
         keys = _open_existing(store).credentials.list_keys()
-    table = Table("name", "key ID", "permissions", "created", "revoked")
-    for key in keys:
-        table.add_row(key["name"], key["key_id"], ", ".join(key["permissions"]), _cell(key["created_at"]),
-                      _cell(key["revoked_at"]) if key["revoked_at"] else "")
-    _console().print(table)
+    _print_rows(keys, {"name": "name", "key ID": "key_id", "permissions": "permissions", "created": "created_at",
+                       "revoked": "revoked_at"})
 
 
 @keys_app.command("revoke")
@@ -415,15 +410,9 @@ def scim_tokens_create(
 @scim_tokens_app.command("list")
 def scim_tokens_list(store: Store = DEFAULT_STORE) -> None:
     """List every SCIM token ever created (IDs, origins, times; never a secret)."""
-    from rich.table import Table
-
     with _input_errors():
         tokens = _open_existing(store).credentials.list_scim_tokens()
-    table = Table("token ID", "origin", "created", "revoked")
-    for token in tokens:
-        table.add_row(token["token_id"], token["origin"], _cell(token["created_at"]),
-                      _cell(token["revoked_at"]) if token["revoked_at"] else "")
-    _console().print(table)
+    _print_rows(tokens, {"token ID": "token_id", "origin": "origin", "created": "created_at", "revoked": "revoked_at"})
 
 
 @scim_tokens_app.command("revoke")
@@ -690,6 +679,26 @@ def _print_frame(frame: Any, limit: int) -> None:
     _console().print(table)
     if frame.height > limit:
         _console().print(f"[dim]… {frame.height - limit:,} more rows (--limit {limit})[/dim]")
+
+
+def _print_rows(rows: list[dict[str, Any]], columns: dict[str, str]) -> None:
+    """A table of `rows`, one column per header -> field (lists joined, times to the second,
+    nulls blank)."""
+    from rich.table import Table
+
+    def text(value: Any) -> str:
+        if value is None:
+            return ""
+        if isinstance(value, list):
+            return ", ".join(map(_cell, value))
+        if isinstance(value, datetime):
+            return value.strftime("%Y-%m-%d %H:%M:%S %Z")
+        return _cell(value)
+
+    table = Table(*columns)
+    for row in rows:
+        table.add_row(*(text(row[field]) for field in columns.values()))
+    _console().print(table)
 
 
 def _cell(value: Any) -> str:

@@ -218,7 +218,6 @@ def create_app(workspace: Workspace, *, rate_limits: dict[str, Limit] | None = D
 
     @app.exception_handler(Exception)
     async def failed(request: Request, error: Exception) -> HttpResponse:  # never an HTML page
-        return _json(500, {"message": f"internal error ({type(error).__name__}); nothing of the request was lost "
-                                      "if it was not answered: retry it"})
+        return _json(500, {"message": f"internal error ({type(error).__name__}); the server log has the details"})
 
     return app
