@@ -390,7 +390,7 @@ def test_a_failed_commit_answers_503_and_the_server_keeps_serving(tmp_path: Path
         blocker = table / "_delta_log" / f"{DeltaTable(str(table)).version() + 1:020d}.json"
         blocker.mkdir()
         failed = send(client, "POST", "/users/track", {"attributes": [{"external_id": "lost"}]}, bearer(key))
-        assert failed.status_code == 503 and "nothing of it was stored: retry it" in failed.json()["message"]
+        assert failed.status_code == 503 and "nothing of it was stored" in failed.json()["message"]
         blocker.rmdir()
         assert send(client, "POST", "/users/track", {"attributes": [{"external_id": "after"}]}, bearer(key)).status_code == 201
         export = send(client, "POST", "/users/export/ids", {"external_ids": ["before", "lost", "after"],
@@ -459,3 +459,24 @@ def test_sigterm_finishes_the_requests_in_flight_and_loses_nothing(tmp_path: Pat
         part = acknowledged[start:start + 50]
         found = ws.call("POST", "/users/export/ids", {"external_ids": part, "fields_to_export": ["external_id"]})
         assert sorted(u["external_id"] for u in found.body["users"]) == sorted(part)
+
+
+def test_a_request_whose_caller_is_gone_is_skipped_and_the_writer_lives_on(tmp_path: Path) -> None:
+    """A cancelled future (its handler was cancelled) is neither applied nor answered; the
+    requests queued beside it are."""
+    from engagelake.api.writer import GroupCommitWriter
+
+    ws = open_ws(tmp_path)
+    writer = GroupCommitWriter(ws)
+    track = {"method": "POST", "path": "/users/track"}
+    gone = writer.submit({**track, "body": {"attributes": [{"external_id": "gone"}]}})
+    kept = writer.submit({**track, "body": {"attributes": [{"external_id": "kept"}]}})
+    assert gone.cancel()
+    writer.start()
+    try:
+        assert kept.result(60).status == 201
+        later = writer.submit({**track, "body": {"attributes": [{"external_id": "later"}]}})
+        assert later.result(60).status == 201
+    finally:
+        writer.stop()
+    assert [u["external_id"] for u in ws.export_users(["external_id"])] == ["kept", "later"]

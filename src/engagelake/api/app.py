@@ -200,7 +200,7 @@ def create_app(workspace: Workspace, *, rate_limits: dict[str, Limit] | None = D
                               openapi_extra={"parameters": parameters} if parameters else None)
     # anything else: the dispatch's 404 or 405, as JSON
     app.add_api_route("/{rest:path}", dispatch, include_in_schema=False,
-                      methods=["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"])
+                      methods=["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS", "TRACE", "CONNECT"])
 
     def openapi() -> dict[str, Any]:  # the request bodies' models, for documentation only
         if app.openapi_schema is None:

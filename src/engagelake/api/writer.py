@@ -65,19 +65,25 @@ class GroupCommitWriter:
                     stopping = True  # answer what came before the stop, then end
                     break
                 batch.append(item)
-            self._apply(batch)
+            # a request whose caller is gone (its handler was cancelled: a client that hung up,
+            # a shutdown that timed out) is not applied: nobody could learn that it was
+            live = [(request, future) for request, future in batch if future.set_running_or_notify_cancel()]
+            if live:
+                self._apply(live)
 
     def _apply(self, batch: list[tuple[dict[str, Any], Future[Response]]]) -> None:
         try:
             responses = self.workspace.apply([request for request, _ in batch])
         except Exception as error:  # noqa: BLE001 - the writer must outlive any failed batch
             if len(batch) > 1:  # one request may be the cause: the others must not pay for it
+                log.warning("a batch of %d requests failed (%s: %s); applying them one by one",
+                            len(batch), type(error).__name__, error)
                 for item in batch:
                     self._apply([item])
                 return
             log.exception("a request was not applied")
             responses = [Response(503, {"message": f"the request was not applied ({type(error).__name__}: "
-                                                   f"{error}); nothing of it was stored: retry it"})]
+                                                   f"{error}); nothing of it was stored"})]
         self.batches += 1
         for (_, future), response in zip(batch, responses, strict=True):
             future.set_result(response)
