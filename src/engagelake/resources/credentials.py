@@ -12,7 +12,7 @@ import hashlib
 import hmac
 import secrets
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 import polars as pl
@@ -22,6 +22,7 @@ from engagelake.permissions import ALL, check_permissions
 from engagelake.routing import Client, Context
 from engagelake.rules.state import Changes
 
+T = TypeVar("T")
 KEY_PREFIX = "elk"
 TOKEN_PREFIX = "els"
 
@@ -66,23 +67,23 @@ class KeyRing:
 
     def api_key(self, presented: str) -> ApiKey | None:
         """The active key `presented` is, or None."""
-        split = _split(presented, KEY_PREFIX)
-        found = self._keys.get(split[0]) if split else None
-        if split is None or found is None:
-            hmac.compare_digest(_digest(presented), "0" * 64)  # as long either way
-            return None
-        digest, key = found
-        return key if hmac.compare_digest(_digest(split[1]), digest) else None
+        return _check(self._keys, presented, KEY_PREFIX)
 
     def scim_token(self, presented: str) -> str | None:
         """The origin an active SCIM token `presented` is bound to, or None."""
-        split = _split(presented, TOKEN_PREFIX)
-        found = self._tokens.get(split[0]) if split else None
-        if split is None or found is None:
-            hmac.compare_digest(_digest(presented), "0" * 64)
-            return None
-        digest, origin = found
-        return origin if hmac.compare_digest(_digest(split[1]), digest) else None
+        return _check(self._tokens, presented, TOKEN_PREFIX)
+
+
+def _check(active: dict[str, tuple[str, T]], presented: str, prefix: str) -> T | None:
+    """What `active` holds for the credential `presented` (by its ID), when its secret's digest
+    matches; one digest comparison either way, so timing tells nothing."""
+    split = _split(presented, prefix)
+    found = active.get(split[0]) if split else None
+    if split is None or found is None:
+        hmac.compare_digest(_digest(presented), "0" * 64)
+        return None
+    digest, value = found
+    return value if hmac.compare_digest(_digest(split[1]), digest) else None
 
 
 class Credentials:
