@@ -184,3 +184,38 @@ def test_parsing_in_chunks_equals_parsing_at_once(monkeypatch: pytest.MonkeyPatc
         chunked = parse.parse_track(bodies)
         for name in ("requests", "objects", "pairs", "tokens", "groups"):
             assert_frame_equal(getattr(chunked, name), getattr(whole, name))
+
+
+def test_parse_reads_types_nulls_and_operations_of_awkward_values() -> None:
+    """What the checks downstream rely on from `parse_track`, pinned on the awkward cases: a JSON
+    null reads as absent at the top of an object but stays 'NULL' in a nested path, nested
+    properties are flagged, an `inc` past 64 bits has a type and no value, an `add` of null is
+    the text 'null', and push tokens are listed with their own types."""
+    body = {
+        "attributes": [{
+            "external_id": "a", "user_alias": {"alias_name": None, "alias_label": 3}, "email": None,
+            "x": {"inc": 18446744073709551615}, "y": {"add": None}, "z": {"remove": [1]}, "s": "é",
+            "push_tokens": [{"app_id": "app", "token": "t"}, 3],
+        }],
+        "events": [None, {"external_id": 5, "name": "e", "properties": {"a": {"b": 1}}},
+                   {"name": "f", "properties": {"k": 1}}],
+        "purchases": "not a list",
+    }
+    p = parse.parse_track(pa.table({"req": pa.array([0], pa.int64()), "body": [orjson.dumps(body).decode()]}))
+    assert p.requests.select("body_type", "attributes_type", "attributes_len", "events_len", "purchases_type",
+                             "purchases_len").row(0) == ("OBJECT", "ARRAY", 1, 3, "VARCHAR", None)
+    attrs, null_event, nested, flat = p.objects.sort("seq").iter_rows(named=True)
+    assert (attrs["ext_t"], attrs["ext"], attrs["email_t"], attrs["alias_t"]) == ("VARCHAR", "a", None, "OBJECT")
+    assert (attrs["alias_name_t"], attrs["alias_name"], attrs["alias_label_t"], attrs["alias_label"]) == (
+        "NULL", None, "UBIGINT", "3")
+    assert attrs["tokens_t"] == "ARRAY" and attrs["props_t"] is None
+    assert null_event["obj_t"] == "NULL" and null_event["ext_t"] is None
+    assert (nested["ext_t"], nested["ext"], nested["props_nested"]) == ("UBIGINT", "5", True)
+    assert (flat["props"], flat["props_keys"], flat["props_nested"]) == ('{"k":1}', ["k"], False)
+    pairs = {r["key"]: r for r in p.pairs.iter_rows(named=True)}
+    assert list(pairs) == ["external_id", "user_alias", "email", "x", "y", "z", "s", "push_tokens"]  # key order
+    assert (pairs["x"]["inc_t"], pairs["x"]["inc"], pairs["x"]["okeys"]) == ("UBIGINT", None, ["inc"])
+    assert (pairs["y"]["add_t"], pairs["y"]["add"], pairs["z"]["remove"]) == ("NULL", "null", "[1]")
+    assert (pairs["s"]["vt"], pairs["s"]["vs"], pairs["email"]["vt"]) == ("VARCHAR", "é", "NULL")
+    assert p.tokens.select("pos", "elem_t", "app_id", "token").rows() == [(0, "OBJECT", "app", "t"),
+                                                                          (1, "UBIGINT", None, None)]

@@ -43,71 +43,71 @@ def _q(con: duckdb.DuckDBPyConnection, sql: str) -> pl.DataFrame:
     return pl.from_arrow(con.sql(sql).to_arrow_table())  # type: ignore[return-value]
 
 
-FIXED = (
-    "external_id", "user_alias", "service_id", "email", "phone", "_update_existing_only",
-    "push_token_import", "name", "time", "app_id", "product_id", "currency", "price", "quantity",
-    "properties", "push_tokens", "subscription_groups",
-)
-_FIXED_STRUCT = "{" + ", ".join(f'"{k}": "JSON"' for k in FIXED) + "}"
-_ARRAYS_STRUCT = "{" + ", ".join(f'"{a}": "JSON"' for a in ARRAYS) + "}"
+# DuckDB's JSON values are text: every JSON function parses its input again. So each body and
+# each object is parsed a few times only, by functions that take a list of paths and answer
+# for all of them from one parse (the fixed fields' types and values, below).
+_ARRAY_PATHS = "[" + ", ".join(f"'$.{a}'" for a in ARRAYS) + "]"
+_ARRAYS_STRUCT = "{" + ", ".join(f'"{a}": "JSON[]"' for a in ARRAYS) + "}"
 
-# Each body and each object is parsed once: json_transform pulls the fixed fields out as small
-# JSON values (a JSON null reads as absent, which is what every fixed field means by null).
 _REQUESTS_SQL = f"""
 CREATE TEMP TABLE b AS
 SELECT req, body_type,
        {", ".join(
-           f"CASE WHEN list_contains(keys, '{a}') THEN coalesce(json_type(t.{a}), 'NULL') END AS {a}_type, "
-           f"CASE WHEN json_type(t.{a}) = 'ARRAY' THEN t.{a} END AS {a}_json"
-           for a in ARRAYS)}
-FROM (
-  SELECT req, json_type(j) AS body_type,
-         CASE WHEN json_type(j) = 'OBJECT' THEN json_keys(j) END AS keys,
-         CASE WHEN json_type(j) = 'OBJECT' THEN json_transform(j, '{_ARRAYS_STRUCT}') END AS t
-  FROM (SELECT req, body::JSON AS j FROM bodies)
-)
+           f"ts[{n}] AS {a}_type, CASE WHEN ts[{n}] = 'ARRAY' THEN l.{a} END AS {a}_l"
+           for n, a in enumerate(ARRAYS, 1))}
+FROM (SELECT req, json_type(body) AS body_type, json_type(body, {_ARRAY_PATHS}) AS ts,
+             json_transform(body, '{_ARRAYS_STRUCT}') AS l
+      FROM bodies)
 """
 
 _ELEMENTS_SQL = """
 SELECT req, {arr_no} AS arr, i AS idx, e
 FROM (
-  SELECT req, unnest(l) AS e, unnest(generate_series(0, len(l) - 1)) AS i
-  FROM (SELECT req, json_transform({arr}_json, '["JSON"]') AS l FROM b WHERE {arr}_json IS NOT NULL)
+  SELECT req, unnest({arr}_l) AS e, unnest(generate_series(0, len({arr}_l) - 1)) AS i
+  FROM b WHERE {arr}_l IS NOT NULL
 )
 """
 
+# An object's fixed fields: (path, column); `json_type` and `json_extract_string` read them all
+# from one parse each, into the lists `ft` and `fv` of table `o`.
+FIXED = (
+    ("external_id", "ext"), ("user_alias", "alias"), ("user_alias.alias_name", "alias_name"),
+    ("user_alias.alias_label", "alias_label"), ("service_id", "sid"), ("email", "email"),
+    ("phone", "phone"), ("_update_existing_only", "ueo"), ("push_token_import", "pti"),
+    ("name", "name"), ("time", "time"), ("app_id", "app_id"), ("product_id", "product_id"),
+    ("currency", "currency"), ("price", "price"), ("quantity", "quantity"),
+    ("properties", "props"), ("push_tokens", "tokens"), ("subscription_groups", "groups"),
+)
+_FIXED_PATHS = "[" + ", ".join(f"'$.{path}'" for path, _ in FIXED) + "]"
+_AT = {column: n for n, (_, column) in enumerate(FIXED, 1)}  # 1-based list positions
 
-def _field(key: str, name: str) -> str:
-    return f"json_type(f.{key}) AS {name}_t, f.{key}->>'$' AS {name}"
+
+def _type(column: str) -> str:
+    """A top-level field's JSON type; a JSON null reads as absent, which is what every fixed
+    field means by null (a nested path keeps 'NULL': `alias_name_t` tells null from absent)."""
+    return f"nullif(ft[{_AT[column]}], 'NULL')"
+
+
+def _field(column: str) -> str:
+    return f"{_type(column)} AS {column}_t, fv[{_AT[column]}] AS {column}"
 
 
 _OBJECT_COLUMNS = ",\n  ".join(
     [
         "obj_t",
-        _field("external_id", "ext"),
-        "json_type(f.user_alias) AS alias_t",
-        "json_type(f.user_alias, '$.alias_name') AS alias_name_t, f.user_alias->>'$.alias_name' AS alias_name",
-        "json_type(f.user_alias, '$.alias_label') AS alias_label_t, f.user_alias->>'$.alias_label' AS alias_label",
-        _field("service_id", "sid"),
-        _field("email", "email"),
-        _field("phone", "phone"),
-        _field("_update_existing_only", "ueo"),
-        _field("push_token_import", "pti"),
-        _field("name", "name"),
-        _field("time", "time"),
-        _field("app_id", "app_id"),
-        _field("product_id", "product_id"),
-        _field("currency", "currency"),
-        _field("price", "price"),
-        _field("quantity", "quantity"),
-        "json_type(f.properties) AS props_t",
-        "CASE WHEN json_type(f.properties) = 'OBJECT' THEN f.properties::VARCHAR END AS props",
-        "CASE WHEN json_type(f.properties) = 'OBJECT' THEN json_keys(f.properties) END AS props_keys",
-        "CASE WHEN json_type(f.properties) = 'OBJECT' THEN list_bool_or(list_transform("
-        "map_values(json_transform(f.properties, '\"MAP(VARCHAR, JSON)\"')), "
-        "lambda x: coalesce(json_type(x) IN ('OBJECT', 'ARRAY'), false))) END AS props_nested",
-        "json_type(f.push_tokens) AS tokens_t",
-        "json_type(f.subscription_groups) AS groups_t",
+        _field("ext"),
+        f"{_type('alias')} AS alias_t",
+        f"ft[{_AT['alias_name']}] AS alias_name_t, fv[{_AT['alias_name']}] AS alias_name",
+        f"ft[{_AT['alias_label']}] AS alias_label_t, fv[{_AT['alias_label']}] AS alias_label",
+        *(_field(c) for c in ("sid", "email", "phone", "ueo", "pti", "name", "time", "app_id",
+                              "product_id", "currency", "price", "quantity")),
+        f"{_type('props')} AS props_t",
+        f"CASE WHEN {_type('props')} = 'OBJECT' THEN fv[{_AT['props']}] END AS props",
+        f"CASE WHEN {_type('props')} = 'OBJECT' THEN json_keys(e, '$.properties') END AS props_keys",
+        f"CASE WHEN {_type('props')} = 'OBJECT' THEN list_bool_or(list_transform("
+        "json_type(e, '$.properties.*'), lambda x: coalesce(x IN ('OBJECT', 'ARRAY'), false))) END AS props_nested",
+        f"{_type('tokens')} AS tokens_t",
+        f"{_type('groups')} AS groups_t",
     ]
 )
 
@@ -156,17 +156,18 @@ def _parse_chunk(con: duckdb.DuckDBPyConnection, bodies: pa.Table) -> ParsedTrac
     con.register("bodies", bodies)
     con.execute(_REQUESTS_SQL)
     requests = _q(con, "SELECT req, body_type, "
-                  + ", ".join(f"{a}_type, json_array_length({a}_json) AS {a}_len" for a in ARRAYS)
+                  + ", ".join(f"{a}_type, len({a}_l)::UBIGINT AS {a}_len" for a in ARRAYS)
                   + " FROM b")
     elements = " UNION ALL ".join(
         _ELEMENTS_SQL.format(arr=a, arr_no=n) for n, a in enumerate(ARRAYS)
     )
     con.execute(
         f"""CREATE TEMP TABLE o AS
-            SELECT row_number() OVER (ORDER BY req, arr, idx) - 1 AS seq, req, arr, idx, e,
-                   coalesce(json_type(e), 'NULL') AS obj_t,
-                   CASE WHEN json_type(e) = 'OBJECT' THEN json_transform(e, '{_FIXED_STRUCT}') END AS f
-            FROM ({elements})"""
+            SELECT *, CASE WHEN obj_t = 'OBJECT' THEN json_type(e, {_FIXED_PATHS}) END AS ft,
+                      CASE WHEN obj_t = 'OBJECT' THEN json_extract_string(e, {_FIXED_PATHS}) END AS fv
+            FROM (SELECT row_number() OVER (ORDER BY req, arr, idx) - 1 AS seq, req, arr, idx, e,
+                         coalesce(json_type(e), 'NULL') AS obj_t
+                  FROM ({elements}))"""
     )
     objects = _q(con, f"SELECT seq, req, arr, idx, {_OBJECT_COLUMNS} FROM o ORDER BY seq")
     # keys of attributes objects, in key order; MAP keeps the object's key order
@@ -180,29 +181,30 @@ def _parse_chunk(con: duckdb.DuckDBPyConnection, bodies: pa.Table) -> ParsedTrac
         """WITH p AS (
              SELECT seq, unnest(map_keys(m)) AS key, unnest(map_values(m)) AS v,
                     unnest(generate_series(0, cardinality(m)::BIGINT - 1)) AS kpos
-             FROM m)
-           SELECT seq, key, kpos, v::VARCHAR AS v, coalesce(json_type(v), 'NULL') AS vt,
-                  CASE WHEN json_type(v) = 'VARCHAR' THEN v->>'$' END AS vs,
-                  CASE WHEN json_type(v) = 'OBJECT' THEN json_keys(v) END AS okeys,
-                  json_type(v, '$.inc') AS inc_t,
-                  CASE WHEN json_type(v, '$.inc') IN ('BIGINT', 'UBIGINT')
-                       THEN TRY_CAST(v->>'$.inc' AS BIGINT) END AS inc,
-                  json_type(v, '$.add') AS add_t, json_extract(v, '$.add')::VARCHAR AS add,
-                  json_type(v, '$.remove') AS remove_t,
-                  json_extract(v, '$.remove')::VARCHAR AS remove
-           FROM p ORDER BY seq, kpos""",
+             FROM m),
+           t AS (SELECT *, coalesce(json_type(v), 'NULL') AS vt FROM p),
+           ops AS (SELECT *, CASE WHEN vt = 'OBJECT' THEN json_type(v, ['$.inc', '$.add', '$.remove']) END AS ot,
+                             CASE WHEN vt = 'OBJECT' THEN json_extract(v, ['$.inc', '$.add', '$.remove']) END AS ox
+                   FROM t)
+           SELECT seq, key, kpos, v::VARCHAR AS v, vt,
+                  CASE WHEN vt = 'VARCHAR' THEN v->>'$' END AS vs,
+                  CASE WHEN vt = 'OBJECT' THEN json_keys(v) END AS okeys,
+                  ot[1] AS inc_t,
+                  CASE WHEN ot[1] IN ('BIGINT', 'UBIGINT') THEN TRY_CAST(ox[1]::VARCHAR AS BIGINT) END AS inc,
+                  ot[2] AS add_t, ox[2]::VARCHAR AS add, ot[3] AS remove_t, ox[3]::VARCHAR AS remove
+           FROM ops ORDER BY seq, kpos""",
     )
-    tokens = _list_elements(con, "push_tokens", ("app_id", "token", "device_id"))
-    groups = _list_elements(con, "subscription_groups", ("subscription_group_id", "subscription_state"))
+    tokens = _list_elements(con, "push_tokens", "tokens", ("app_id", "token", "device_id"))
+    groups = _list_elements(con, "subscription_groups", "groups", ("subscription_group_id", "subscription_state"))
     return ParsedTrack(requests, objects, pairs, tokens, groups)
 
 
-def _list_elements(con: duckdb.DuckDBPyConnection, key: str, fields: tuple[str, ...]) -> pl.DataFrame:
+def _list_elements(con: duckdb.DuckDBPyConnection, key: str, column: str, fields: tuple[str, ...]) -> pl.DataFrame:
     cols = ", ".join(f"json_type(x, '$.{f}') AS {f}_t, x->>'$.{f}' AS {f}" for f in fields)
     return _q(
         con,
         f"""SELECT seq, pos, json_type(x) AS elem_t, {cols} FROM (
               SELECT seq, unnest(l) AS x, unnest(generate_series(0, len(l) - 1)) AS pos
-              FROM (SELECT seq, json_transform(f.{key}, '["JSON"]') AS l
-                    FROM o WHERE arr = 0 AND json_type(f.{key}) = 'ARRAY'))""",
+              FROM (SELECT seq, json_transform(json_extract(e, '$.{key}'), '["JSON"]') AS l
+                    FROM o WHERE arr = 0 AND ft[{_AT[column]}] = 'ARRAY'))""",
     )
