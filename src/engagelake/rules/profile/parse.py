@@ -169,7 +169,7 @@ def _parse_chunk(con: duckdb.DuckDBPyConnection, bodies: pa.Table) -> ParsedTrac
                          coalesce(json_type(e), 'NULL') AS obj_t
                   FROM ({elements}))"""
     )
-    objects = _q(con, f"SELECT seq, req, arr, idx, {_OBJECT_COLUMNS} FROM o ORDER BY seq")
+    objects = _sorted(_q(con, f"SELECT seq, req, arr, idx, {_OBJECT_COLUMNS} FROM o"), "seq")
     # keys of attributes objects, in key order; MAP keeps the object's key order
     con.execute(
         """CREATE TEMP TABLE m AS
@@ -192,11 +192,18 @@ def _parse_chunk(con: duckdb.DuckDBPyConnection, bodies: pa.Table) -> ParsedTrac
                   ot[1] AS inc_t,
                   CASE WHEN ot[1] IN ('BIGINT', 'UBIGINT') THEN TRY_CAST(ox[1]::VARCHAR AS BIGINT) END AS inc,
                   ot[2] AS add_t, ox[2]::VARCHAR AS add, ot[3] AS remove_t, ox[3]::VARCHAR AS remove
-           FROM ops ORDER BY seq, kpos""",
-    )
+           FROM ops""",
+    ).pipe(_sorted, "seq", "kpos")
     tokens = _list_elements(con, "push_tokens", "tokens", ("app_id", "token", "device_id"))
     groups = _list_elements(con, "subscription_groups", "groups", ("subscription_group_id", "subscription_state"))
     return ParsedTrack(requests, objects, pairs, tokens, groups)
+
+
+def _sorted(frame: pl.DataFrame, *by: str) -> pl.DataFrame:
+    """`frame` sorted by `by`: DuckDB keeps the rows in the order the window numbered them,
+    so this checks (cheaply) instead of sorting in SQL, and sorts only if it must."""
+    keys = frame.select(pl.struct(*by).alias("k"))["k"] if len(by) > 1 else frame[by[0]]
+    return frame if keys.is_sorted() else frame.sort(*by)
 
 
 def _list_elements(con: duckdb.DuckDBPyConnection, key: str, column: str, fields: tuple[str, ...]) -> pl.DataFrame:
