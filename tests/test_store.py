@@ -166,6 +166,55 @@ def test_without_a_key_the_same_event_twice_records_two_events(tmp_path: Path) -
     assert user["custom_events"][0]["count"] == 3
 
 
+def test_an_error_after_the_ledger_row_landed_is_no_failed_batch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """delta-rs may raise after its commit (the checkpoint it writes after the log entry). The
+    batch is committed: `apply` answers it, so that a caller who retries failed batches (the
+    server's writer does) never applies it twice."""
+    ws = open_ws(tmp_path / "s")
+    track(ws, ev("first"))
+    append = delta.DeltaStore._append_ledger
+
+    def lands_then_fails(self: delta.DeltaStore, *args: Any, **kwargs: Any) -> None:
+        append(self, *args, **kwargs)
+        raise OSError("checkpoint: no space left on device")
+
+    monkeypatch.setattr(delta.DeltaStore, "_append_ledger", lands_then_fails)
+    track(ws, ev("second"))
+    assert [type(e) for e in ws.store.commit_errors] == [OSError]
+    monkeypatch.undo()
+    track(ws, ev("third"))  # the head moved on: the next batch commits after it
+    assert event_names(open_ws(tmp_path / "s")) == ["first", "second", "third"]
+
+
+def test_an_error_before_the_ledger_row_landed_fails_the_batch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    ws = open_ws(tmp_path / "s")
+    track(ws, ev("first"))
+
+    def fails(self: delta.DeltaStore, *args: Any, **kwargs: Any) -> None:
+        raise OSError("no space left on device")
+
+    monkeypatch.setattr(delta.DeltaStore, "_append_ledger", fails)
+    with pytest.raises(OSError, match="no space"):
+        track(ws, ev("lost"))
+    assert ws.store.commit_errors == []
+    monkeypatch.undo()
+    assert event_names(open_ws(tmp_path / "s")) == ["first"]
+
+
+def test_a_merge_that_cannot_start_is_no_failed_batch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    ws = open_ws(tmp_path / "s")
+    ws.store.merge_trigger = 0  # every commit asks for a merge
+
+    def cannot_start(self: delta.DeltaStore) -> None:
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(delta.DeltaStore, "_start_merges", cannot_start)
+    track(ws, ev("first"))
+    track(ws, ev("second"))
+    assert ws.store.merge_errors and all(isinstance(e, RuntimeError) for e in ws.store.merge_errors)
+    assert event_names(open_ws(tmp_path / "s")) == ["first", "second"]
+
+
 def test_a_batch_that_changes_nothing_writes_nothing(tmp_path: Path) -> None:
     ws = open_ws(tmp_path / "s")
     track(ws, ev("played"))

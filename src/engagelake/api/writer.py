@@ -85,5 +85,8 @@ class GroupCommitWriter:
             responses = [Response(503, {"message": f"the request was not applied ({type(error).__name__}: "
                                                    f"{error}); nothing of it was stored"})]
         self.batches += 1
+        late = self.workspace.store.commit_errors  # the batch is committed all the same
+        while late:
+            log.warning("a batch was committed, but a step after its commit failed: %r", late.pop(0))
         for (_, future), response in zip(batch, responses, strict=True):
             future.set_result(response)

@@ -190,6 +190,8 @@ class DeltaStore:
         self._merger: threading.Thread | None = None
         self._merge_due: set[str] = set()  # tables the last commit left with runs to merge
         self.merge_errors: list[BaseException] = []  # a failed merge pass loses nothing (see merge_runs)
+        # failures after a batch's ledger row landed: the batch is committed all the same
+        self.commit_errors: list[BaseException] = []
 
     @property
     def memory_limit(self) -> str | None:
@@ -434,7 +436,10 @@ class DeltaStore:
                               next_update_seq=next_update_seq, index_entries_stored=index_entries_stored or {},
                               staged=staged)
         if self._merge_due:
-            self._start_merges()
+            try:
+                self._start_merges()
+            except Exception as error:  # noqa: BLE001 - the batch is committed: raising would say it was not
+                self.merge_errors.append(error)
 
     # --- run merges, after the commit ------------------------------------------------------------
     def _start_merges(self) -> None:
@@ -543,10 +548,26 @@ class DeltaStore:
                 self._write_rows(index, entries[index].with_columns(
                     _batch=pl.lit(batch_no, pl.Int64), _deleted=pl.lit(False)), versions)
         _failpoint("before_ledger")
-        self._append_ledger(batch_no, key, versions, next_profile_n, next_update_seq, self.head.seed, responses,
-                            kind="batch")
+        try:
+            self._append_ledger(batch_no, key, versions, next_profile_n, next_update_seq, self.head.seed, responses,
+                                kind="batch")
+        except Exception as error:
+            # delta-rs may raise after its commit (a checkpoint it writes after the log entry):
+            # a batch whose ledger row landed is committed, and saying otherwise would get it
+            # applied twice by a caller that retries
+            if not self._landed(batch_no):
+                raise
+            self.commit_errors.append(error)
         _failpoint("after_ledger")
         self.head = Head(batch_no, versions, next_profile_n, next_update_seq, self.head.seed, content_batch=batch_no)
+
+    def _landed(self, batch_no: int) -> bool:
+        """Whether the ledger now holds batch `batch_no` (the writer lock is held: no other
+        writer can have written it). Unknown counts as no: the caller then raises."""
+        try:
+            return self._read_head().batch_no >= batch_no
+        except Exception:  # noqa: BLE001 - an unreadable ledger: the write's own error is the one to raise
+            return False
 
     def _write_rows(self, name: str, rows: pl.DataFrame | pa.RecordBatchReader, versions: dict[str, int]) -> None:
         """Append a batch's rows of one table as a sorted run (a reader's rows come sorted);
