@@ -480,3 +480,48 @@ def test_a_request_whose_caller_is_gone_is_skipped_and_the_writer_lives_on(tmp_p
     finally:
         writer.stop()
     assert [u["external_id"] for u in ws.export_users(["external_id"])] == ["kept", "later"]
+
+
+def test_the_key_is_checked_before_the_body_is_read(tmp_path: Path) -> None:
+    """A caller without a valid key cannot make the server read a big body: it is refused
+    first (401, not 413), and its body is read only up to `PEEK_BYTES`, to tell a key sent in
+    the body (its own message) from no key at all."""
+    from engagelake.api.app import PEEK_BYTES
+
+    ws = open_ws(tmp_path)
+    key = ws.credentials.create_key("all", ["all"])
+    with served(ws, max_body_bytes=1000) as client:
+        big = {"attributes": [{"external_id": "x1", "note": "y" * 5000}]}
+        assert send(client, "POST", "/users/track", big).json() == {
+            "message": "Invalid API key: no key sent; send it in the Authorization: Bearer header"}
+        assert send(client, "POST", "/users/track", big, bearer("elk_nobody_x")).status_code == 401
+        assert send(client, "POST", "/users/track", big, bearer(key)).status_code == 413  # known key: then the size
+        small = send(client, "POST", "/users/track", {"api_key": key, "attributes": []})
+        assert "not in the request body" in small.json()["message"]
+        past_peek = send(client, "POST", "/users/track", {"api_key": key, "pad": "y" * PEEK_BYTES})
+        assert past_peek.json()["message"].endswith("no key sent; send it in the Authorization: Bearer header")
+    assert ws.export_users(["external_id"]) == []
+
+
+def test_a_full_queue_answers_503_and_stores_nothing(tmp_path: Path) -> None:
+    from engagelake.api.writer import GroupCommitWriter, WriterBusy
+
+    ws = open_ws(tmp_path)
+    key = ws.credentials.create_key("all", ["all"])
+    with served(ws, max_queued=0) as client:
+        r = send(client, "POST", "/users/track", {"attributes": [{"external_id": "x1"}]}, bearer(key))
+        assert r.status_code == 503 and r.headers["retry-after"] == "1"
+        assert "nothing of this request was stored" in r.json()["message"]
+    assert ws.export_users(["external_id"]) == []
+    writer = GroupCommitWriter(ws, max_queued=2)  # not started: requests wait
+    track = {"method": "POST", "path": "/users/track"}
+    first, second = (writer.submit({**track, "body": {"attributes": [{"external_id": f"u{i}"}]}}) for i in (1, 2))
+    with pytest.raises(WriterBusy, match="2 requests are waiting"):
+        writer.submit({**track, "body": {"attributes": [{"external_id": "u3"}]}})
+    writer.start()
+    try:
+        assert first.result(60).status == second.result(60).status == 201
+        assert writer.submit({**track, "body": {"attributes": [{"external_id": "u4"}]}}).result(60).status == 201
+    finally:
+        writer.stop()
+    assert [u["external_id"] for u in ws.export_users(["external_id"])] == ["u1", "u2", "u4"]

@@ -318,6 +318,8 @@ def serve(
                      help="Override one limit, e.g. --rate-limit export=500/60 (repeatable; names in docs/server.md)."),
     ] = None,
     max_body_bytes: Annotated[int, typer.Option(min=1, help="Largest request body accepted (413 beyond).")] = 10 * 1024 * 1024,
+    max_queued: Annotated[int, typer.Option(min=1, help="Requests waiting to be applied before new ones get 503 "
+                                                         "with Retry-After.")] = 2000,
 ) -> None:
     """Serve the API over HTTP: every endpoint, with API keys, SCIM tokens and rate limits.
 
@@ -345,7 +347,7 @@ def serve(
 
         workspace = Workspace.open(store)
         app_ = create_app(workspace, rate_limits=limits if rate_limits == "on" else None,
-                          max_body_bytes=max_body_bytes)
+                          max_body_bytes=max_body_bytes, max_queued=max_queued)
         uvicorn.run(app_, host=host, port=port, log_level="info")
 
 

@@ -24,7 +24,7 @@ from fastapi.responses import Response as HttpResponse
 from pydantic.json_schema import models_json_schema
 
 from engagelake.api.limits import DEFAULT_LIMITS, LIMITED, Limit, RateLimiter
-from engagelake.api.writer import MAX_BATCH, GroupCommitWriter
+from engagelake.api.writer import MAX_BATCH, MAX_QUEUED, GroupCommitWriter, WriterBusy
 from engagelake.permissions import ENDPOINT_PERMISSIONS, SCIM, SIGNED_LINK
 from engagelake.requests.bodies import REQUEST_BODIES
 from engagelake.requests.models import ExportResponse, TrackResponse
@@ -34,6 +34,9 @@ from engagelake.routing import Response
 from engagelake.workspace import ROUTE_TABLE, Workspace, route_of
 
 MAX_BODY_BYTES = 10 * 1024 * 1024
+# a request refused before its body is read is read no further than this, only to tell a key
+# sent in the body (its own message) from no key at all
+PEEK_BYTES = 64 * 1024
 CREDENTIALS_TTL_S = 1.0  # a key created or revoked by another process counts within this
 BEARER = re.compile(r"^\s*Bearer\s+(\S+)\s*$", re.IGNORECASE)
 RESPONSE_MODELS: dict[tuple[str, str], Any] = {
@@ -80,6 +83,10 @@ def _refused(message: str) -> HttpResponse:
     return _json(401, {"message": f"Invalid API key: {message}"})
 
 
+def _key_in_body_refused() -> HttpResponse:
+    return _refused("send the API key in the Authorization: Bearer header, not in the request body")
+
+
 def _scim_refused(detail: str) -> HttpResponse:
     return _json(401, {"schemas": [ERROR_SCHEMA], "detail": detail, "status": 401})
 
@@ -110,10 +117,11 @@ def _key_in_body(body: bytes) -> bool:
 
 def create_app(workspace: Workspace, *, rate_limits: dict[str, Limit] | None = DEFAULT_LIMITS,
                clock: Callable[[], float] = time.time, max_body_bytes: int = MAX_BODY_BYTES,
-               max_batch: int = MAX_BATCH, credentials_ttl: float = CREDENTIALS_TTL_S) -> FastAPI:
+               max_batch: int = MAX_BATCH, credentials_ttl: float = CREDENTIALS_TTL_S,
+               max_queued: int = MAX_QUEUED) -> FastAPI:
     """The FastAPI app over `workspace`. `rate_limits` None turns limits off; `clock` gives
     the unix seconds the limits count in."""
-    writer = GroupCommitWriter(workspace, max_batch=max_batch)
+    writer = GroupCommitWriter(workspace, max_batch=max_batch, max_queued=max_queued)
     limiter = RateLimiter(dict(rate_limits), clock) if rate_limits is not None else None
     credentials = _Credentials(str(workspace.store.uri), credentials_ttl)
 
@@ -131,7 +139,10 @@ def create_app(workspace: Workspace, *, rate_limits: dict[str, Limit] | None = D
                   description="The customer-engagement REST API over an engagelake store.")
     app.state.writer = writer
 
-    async def authorize(request: Request, permission: str, body: bytes, endpoint: str) -> HttpResponse | None:
+    async def authorize(request: Request, permission: str, endpoint: str) -> HttpResponse | None:
+        """The refusal of a request whose headers do not carry what `permission` needs, or
+        None. Reads no body: a caller with no right to the endpoint cannot make the server
+        read megabytes."""
         if permission == SIGNED_LINK:
             return None
         ring = await asyncio.to_thread(credentials.ring)
@@ -143,9 +154,10 @@ def create_app(workspace: Workspace, *, rate_limits: dict[str, Limit] | None = D
             if request.headers.get("x-request-origin") != origin:
                 return _scim_refused("the X-Request-Origin header does not match this SCIM token's origin")
             return None
-        if _key_in_body(body):
-            return _refused("send the API key in the Authorization: Bearer header, not in the request body")
         if match is None:
+            peek = await _read_body(request, PEEK_BYTES)
+            if peek is not None and _key_in_body(peek):
+                return _key_in_body_refused()
             return _refused("no key sent; send it in the Authorization: Bearer header")
         key = ring.api_key(match.group(1))
         if key is None:
@@ -160,12 +172,15 @@ def create_app(workspace: Workspace, *, rate_limits: dict[str, Limit] | None = D
         if error is not None:
             return _answer(error, {})
         assert pattern is not None
+        permission = ENDPOINT_PERMISSIONS[(method, pattern)]
+        refused = await authorize(request, permission, f"{method} {pattern}")
+        if refused is not None:
+            return refused
         body = await _read_body(request, max_body_bytes)
         if body is None:
             return _json(413, {"message": f"request body over {max_body_bytes:,} bytes; split it into smaller requests"})
-        refused = await authorize(request, ENDPOINT_PERMISSIONS[(method, pattern)], body, f"{method} {pattern}")
-        if refused is not None:
-            return refused
+        if permission not in (SCIM, SIGNED_LINK) and _key_in_body(body):
+            return _key_in_body_refused()
         headers: dict[str, str] = {}
         limit = LIMITED.get((method, pattern))
         if limiter is not None and limit is not None:
@@ -177,7 +192,12 @@ def create_app(workspace: Workspace, *, rate_limits: dict[str, Limit] | None = D
                                               f"X-RateLimit-Reset"}, headers)
         queued = {"method": method, "path": path, "body": body or None,  # no body: as `call` without one
                   "query": dict(request.query_params)}
-        response = await asyncio.wrap_future(writer.submit(queued))
+        try:
+            submitted = writer.submit(queued)
+        except WriterBusy as busy:
+            return _json(503, {"message": f"the server is busy ({busy}); nothing of this request was stored, "
+                                          "retry after Retry-After seconds"}, {**headers, "Retry-After": "1"})
+        response = await asyncio.wrap_future(submitted)
         return _answer(response, headers)
 
     @app.get("/healthz", include_in_schema=False)
