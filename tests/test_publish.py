@@ -19,9 +19,12 @@ def test_every_published_table_holds_exactly_the_current_rows(tmp_path: Path) ->
     ws = changed_store(tmp_path)
     raw = pl.read_delta(str(tmp_path / "s" / "profiles"))
     assert raw.height > USERS  # the log itself holds every version: what outside readers met
+    ws.credentials.create_key("reader", ["users.export.ids"])
     rows = ws.publish()
     out = tmp_path / "s" / "current"
-    for name in ws.table_names():
+    assert set(rows) == set(ws.table_names()) - {"api_keys", "scim_tokens"}  # credentials stay in the store
+    assert not (out / "api_keys").exists()
+    for name in rows:
         current = ws.table(name).collect()
         published = pl.read_delta(str(out / name))
         assert published.columns == current.columns, name

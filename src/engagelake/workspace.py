@@ -42,6 +42,7 @@ from engagelake.rules.state import Changes, State, apply_changes
 from engagelake.store import scratch
 from engagelake.store.delta import DeltaStore
 from engagelake.store.staging import StagedSource, Stages
+from engagelake.tables.credentials import UNPUBLISHED
 from engagelake.tables.schema import TABLES
 
 if TYPE_CHECKING:
@@ -422,10 +423,11 @@ class Workspace:
         """Write the current rows of every table (or of `tables`) as plain Delta tables under
         `out` (default: the store's `current` folder), for readers outside the library: Spark,
         DuckDB's `delta_scan`, `pl.read_delta`. Each run replaces the last; the marker
-        `_published.json`, written last, names the batch shown. Returns the rows per table."""
+        `_published.json`, written last, names the batch shown. Returns the rows per table.
+        The credentials (`api_keys`, `scim_tokens`) are published only when `tables` names them."""
         from engagelake.store.publish import publish
 
-        names = list(TABLES) if tables is None else tables
+        names = [n for n in TABLES if n not in UNPUBLISHED] if tables is None else tables
         unknown = [name for name in names if name not in TABLES]
         if unknown:
             raise KeyError(f"no table {unknown[0]!r}; tables: {', '.join(TABLES)}")

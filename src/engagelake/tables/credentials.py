@@ -12,6 +12,9 @@ import polars as pl
 
 UTC_TS = pl.Datetime("us", "UTC")
 
+# not published with the data (`Workspace.publish`): who may call the API is no reader's business
+UNPUBLISHED = ("api_keys", "scim_tokens")
+
 SCHEMAS: dict[str, dict[str, pl.DataType]] = {
     "api_keys": {
         "key_id": pl.String(),  # the public part of the key: `elk_<key_id>_<secret>`
