@@ -7,6 +7,7 @@ An operation row: `service_id, name, seq, op, value, vt, inc, add, remove` where
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import orjson
@@ -126,10 +127,37 @@ def _fold_slow(base: list[str], steps: list[tuple[list[str], list[str]]]) -> str
     return "[" + ",".join(items.values()) + "]"
 
 
+def _coded(ops: pl.DataFrame, *others: pl.DataFrame) -> tuple[list[pl.DataFrame], Callable[[pl.DataFrame], pl.DataFrame]]:
+    """`ops` and `others` with the key columns replaced by integer codes (rows of `others`
+    whose key is not in `ops` dropped), and the function that restores them. The rules join,
+    group and sort by the key many times: two integers hash and compare far faster than a
+    24-character ID and a name."""
+    codes = {c: ops.select(pl.col(c).unique()).with_row_index(f"_{c}") for c in KEY}
+
+    def encode(frame: pl.DataFrame) -> pl.DataFrame:
+        for c, code in codes.items():
+            frame = frame.join(code, on=c).drop(c).rename({f"_{c}": c})
+        return frame
+
+    def decode(frame: pl.DataFrame) -> pl.DataFrame:
+        columns = frame.columns
+        for c, code in codes.items():
+            frame = frame.join(code.rename({c: f"_{c}", f"_{c}": c}), on=c).drop(c).rename({f"_{c}": c})
+        return frame.select(columns)
+
+    return [encode(f) for f in (ops, *others)], decode
+
+
 def fold_attributes(ops: pl.DataFrame, current: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
     """Final values of the touched attributes: (upserts `service_id,name,value`, deleted keys)."""
     if ops.height == 0:
         return current.clear(), current.clear().select(KEY)
+    (ops, current), decode = _coded(ops, current)
+    upserts, deleted = _fold(ops, current)
+    return decode(upserts), decode(deleted)
+
+
+def _fold(ops: pl.DataFrame, current: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
     ops = ops.sort([*KEY, "seq"])
     resets = (
         ops.filter(pl.col("op").is_in(["set", "unset"]))
@@ -180,7 +208,7 @@ def fold_attributes(ops: pl.DataFrame, current: pl.DataFrame) -> tuple[pl.DataFr
 def _fold_arrays(keys: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
     """Keys with `base` (JSON array text or null) and their `arr` steps → final array values."""
     if keys.height == 0:
-        return pl.DataFrame(schema={"service_id": pl.String, "name": pl.String, "value": pl.String})
+        return keys.select(KEY).clear().with_columns(value=pl.lit(None, pl.String))
     with duck.connection() as con:
         base = keys.select(*KEY, pl.when(pl.col("base").str.starts_with("[")).then(pl.col("base")).alias("base"))
         base_e = _explode_arrays(con, base, "base").with_columns(
@@ -219,4 +247,4 @@ def _fold_slow_keys(events: pl.DataFrame) -> pl.DataFrame:
             for _, s in grp.filter(pl.col("seq") >= 0).group_by("seq", maintain_order=True)
         ]
         rows.append((sid, name, _fold_slow(base, steps)))
-    return pl.DataFrame(rows, schema={"service_id": pl.String, "name": pl.String, "value": pl.String}, orient="row")
+    return pl.DataFrame(rows, schema={**{c: events.schema[c] for c in KEY}, "value": pl.String}, orient="row")
