@@ -350,15 +350,27 @@ class DeltaStore:
         with self._cache_lock:
             files = self._files.get((name, version))
             if files is None:
-                if len(self._files) > 4 * len(STORED):
-                    self._files.clear()
-                    self._tables.clear()
-                table = self._tables[(name, version)] = DeltaTable(self._path(name), version=version)
-                files = table.file_uris()
-                if self.local:  # delta-rs gives file URIs percent-encoded; readers want the path
-                    files = [unquote(uri) for uri in files]
-                self._files[(name, version)] = files
+                files = self._note_files(name, version, self._table_at(name, version))
             return files
+
+    def _note_files(self, name: str, version: int, table: DeltaTable) -> list[str]:
+        """Cache the data files of `table`, loaded at `version` (the cache lock is held)."""
+        if len(self._files) > 4 * len(STORED):
+            self._files.clear()
+        files = table.file_uris()
+        if self.local:  # delta-rs gives file URIs percent-encoded; readers want the path
+            files = [unquote(uri) for uri in files]
+        self._files[(name, version)] = files
+        return files
+
+    def _table_at(self, name: str, version: int) -> DeltaTable:
+        """The table's log loaded at `version`, for its add actions (cached; the cache lock is held)."""
+        table = self._tables.get((name, version))
+        if table is None:
+            if len(self._tables) > 4 * len(STORED):
+                self._tables.clear()
+            table = self._tables[(name, version)] = DeltaTable(self._path(name), version=version)
+        return table
 
     def file_ranges(self, name: str, version: int, column: str) -> dict[str, tuple[str | None, str | None]]:
         """Each data file's (as `files` names it) minimum and maximum of `column` at one table
@@ -372,7 +384,7 @@ class DeltaStore:
             if len(self._ranges) > 4 * len(STORED):
                 self._ranges.clear()
             uris = self.files(name, version)
-            table = self._tables[(name, version)]  # loaded (and cached) with the files
+            table = self._table_at(name, version)
             actions = pa.table(table.get_add_actions(flatten=True))
             low, high = f"min.{column}", f"max.{column}"
             by_name = {}
@@ -390,7 +402,7 @@ class DeltaStore:
         if name not in PARTIAL or version is None or not self.files(name, version):
             return False
         with self._cache_lock:
-            table = self._tables[(name, version)]  # loaded (and cached) with the files
+            table = self._table_at(name, version)
         return bool(merging.partial_files(pl.DataFrame(pa.table(table.get_add_actions(flatten=True)))).any())
 
     def runs(self, name: str, version: int | None) -> list[merging.Run]:
@@ -580,6 +592,8 @@ class DeltaStore:
         write_deltalake(table, data, mode="append", writer_properties=writer(name),
                         schema_mode="merge" if name in PARTIAL else None)
         versions[name] = table.version()
+        with self._cache_lock:  # the next batch's reads list the files without loading the log again
+            self._note_files(name, versions[name], table)
         if name in SORT_BY and self._merge_plan(self._runs_of(table, name)):
             self._merge_due.add(name)
         _failpoint(f"after_table:{name}")
