@@ -178,7 +178,8 @@ class DeltaStore:
         # the caches below are filled by probes that may run side by side (`State.prefetch`)
         self._cache_lock = threading.RLock()
         self._files: dict[tuple[str, int], list[str]] = {}  # data files per table version
-        self._tables: dict[tuple[str, int], DeltaTable] = {}  # their loaded logs, for file statistics
+        self._tables: dict[tuple[str, int], DeltaTable] = {}  # their loaded logs
+        self._actions: dict[tuple[str, int], pa.Table] = {}  # their add actions, with file statistics
         self._written: dict[str, DeltaTable] = {}  # each table at its newest version, for writes (`_latest`)
         # per table version and column: each data file's (min, max) from the Delta log's statistics
         self._ranges: dict[tuple[str, int, str], dict[str, tuple[str | None, str | None]]] = {}
@@ -364,13 +365,27 @@ class DeltaStore:
         return files
 
     def _table_at(self, name: str, version: int) -> DeltaTable:
-        """The table's log loaded at `version`, for its add actions (cached; the cache lock is held)."""
+        """The table's log loaded at `version` (cached; the cache lock is held)."""
         table = self._tables.get((name, version))
         if table is None:
             if len(self._tables) > 4 * len(STORED):
                 self._tables.clear()
             table = self._tables[(name, version)] = DeltaTable(self._path(name), version=version)
         return table
+
+    def _actions_at(self, name: str, version: int) -> pa.Table:
+        """The add actions (one per file, with statistics) of a table version (cached; the
+        cache lock is held)."""
+        actions = self._actions.get((name, version))
+        if actions is None:
+            actions = self._note_actions(name, version, self._table_at(name, version))
+        return actions
+
+    def _note_actions(self, name: str, version: int, table: DeltaTable) -> pa.Table:
+        if len(self._actions) > 4 * len(STORED):
+            self._actions.clear()
+        actions = self._actions[(name, version)] = pa.table(table.get_add_actions(flatten=True))
+        return actions
 
     def file_ranges(self, name: str, version: int, column: str) -> dict[str, tuple[str | None, str | None]]:
         """Each data file's (as `files` names it) minimum and maximum of `column` at one table
@@ -384,8 +399,7 @@ class DeltaStore:
             if len(self._ranges) > 4 * len(STORED):
                 self._ranges.clear()
             uris = self.files(name, version)
-            table = self._table_at(name, version)
-            actions = pa.table(table.get_add_actions(flatten=True))
+            actions = self._actions_at(name, version)
             low, high = f"min.{column}", f"max.{column}"
             by_name = {}
             if low in actions.column_names and high in actions.column_names:
@@ -402,18 +416,17 @@ class DeltaStore:
         if name not in PARTIAL or version is None or not self.files(name, version):
             return False
         with self._cache_lock:
-            table = self._table_at(name, version)
-        return bool(merging.partial_files(pl.DataFrame(pa.table(table.get_add_actions(flatten=True)))).any())
+            actions = self._actions_at(name, version)
+        return bool(merging.partial_files(pl.DataFrame(actions)).any())
 
     def runs(self, name: str, version: int | None) -> list[merging.Run]:
         """The sorted runs of one table version, newest first (only a writer needs them: read
         from the add actions' statistics here, not on every snapshot read)."""
         if version is None:
             return []
-        return self._runs_of(DeltaTable(self._path(name), version=version), name)
-
-    def _runs_of(self, table: DeltaTable, name: str) -> list[merging.Run]:
-        return merging.runs_of(pl.DataFrame(pa.table(table.get_add_actions(flatten=True))), self._path(name))
+        with self._cache_lock:
+            actions = self._actions_at(name, version)
+        return merging.runs_of(pl.DataFrame(actions), self._path(name))
 
     def snapshot(self) -> Snapshot:
         """The committed tables at the current head, read on demand (nothing is read here)."""
@@ -592,9 +605,11 @@ class DeltaStore:
         write_deltalake(table, data, mode="append", writer_properties=writer(name),
                         schema_mode="merge" if name in PARTIAL else None)
         versions[name] = table.version()
-        with self._cache_lock:  # the next batch's reads list the files without loading the log again
+        with self._cache_lock:  # the next batch's reads take files and statistics without loading the log
             self._note_files(name, versions[name], table)
-        if name in SORT_BY and self._merge_plan(self._runs_of(table, name)):
+            if name in SORT_BY:  # the tables probed by file statistics and merged by runs
+                self._note_actions(name, versions[name], table)
+        if name in SORT_BY and self._merge_plan(self.runs(name, versions[name])):
             self._merge_due.add(name)
         _failpoint(f"after_table:{name}")
 
