@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import random
 import signal
 import socket
@@ -51,6 +52,13 @@ def peak_rss(pid: int) -> int:
             if line.startswith(b"VmHWM:"):
                 return int(line.split()[1]) * 1024
     return 0
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds a process has used so far (/proc/PID/stat)."""
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        fields = f.read().rsplit(b")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def body(connection: int, number: int) -> bytes:
@@ -125,8 +133,11 @@ def main() -> None:
             console.print(f"server up on {base}; {args.connections} connections for {args.seconds:g} s, "
                           f"{OBJECTS} attribute objects per request")
             started = time.perf_counter()
+            cpu_before = (cpu_seconds(server.pid), cpu_seconds(os.getpid()))
             latencies, statuses, acknowledged = asyncio.run(load(base, key, args.connections, args.seconds))
             elapsed = time.perf_counter() - started
+            server_cpu, client_cpu = (cpu_seconds(pid) - before
+                                      for pid, before in zip((server.pid, os.getpid()), cpu_before, strict=True))
             sample = random.Random(7).sample(acknowledged, min(SAMPLE, len(acknowledged)))
             lost = check_stored(client, key, sample)
             idle = []
@@ -152,6 +163,9 @@ def main() -> None:
     table.add_row("acknowledged objects lost (sample)", f"{lost} of {len(sample)}", "0")
     table.add_row("one export at idle, p50", f"{statistics.median(idle):,.1f} ms" if idle else "-", "")
     table.add_row("server peak RSS", f"{rss / 1024**2:,.0f} MiB", "")
+    # both run on this machine: the cores the load generator takes are not the server's
+    table.add_row("CPU cores busy: server / load generator",
+                  f"{server_cpu / elapsed:.2f} / {client_cpu / elapsed:.2f} of {os.cpu_count()}", "")
     console.print(table)
 
 

@@ -210,7 +210,7 @@ class _Batch:
                 device_id="device_id"),
             created_tokens.select(tkey="key", seq="seq", pos="pos", sid="temp", device_id="device_id"),
         ]).sort("tkey", "seq", "pos")
-        moved = (
+        moved = pl.DataFrame(schema={"sid": pl.String, "seq": pl.Int64}) if self.owner_tl.height == 0 else (
             self.owner_tl.with_columns(prev=pl.col("sid").shift(1).over("tkey"))
             .join(self.state_tokens.rename({"sid": "state_owner"}), on="tkey", how="left")
             .with_columns(prev=pl.coalesce("prev", "state_owner"))
@@ -241,6 +241,10 @@ class _Batch:
             (pl.col("field") == "email_subscribe") & pl.col("value").is_not_null()
         ).select("seq", sid="target", value="value")
         groups = self.valid.groups.join(ext_acc, on="seq").select("seq", "pos", "group_id", "state", sid="target")
+        if subs.height == 0 and groups.height == 0:  # nothing to propagate (most batches)
+            self.prop_subscribe = subs.select("sid", "seq", "value")
+            self.prop_groups = groups.select("sid", "seq", "pos", "group_id", "state")
+            return
         sources = pl.concat([subs.select("seq", "sid"), groups.select("seq", "sid")]).unique()
         sources = self._email_at(sources, inclusive=True).filter(pl.col("cur_email").is_not_null())
         holders = pl.concat([
@@ -269,6 +273,8 @@ class _Batch:
     def _resolve_by(self, kind: str) -> tuple[pl.DataFrame, pl.DataFrame]:
         """Email- or phone-identified objects: (targets, creations)."""
         objs = self.dynamic.filter(pl.col("kind") == kind).select("seq", "key", "can_create")
+        if objs.height == 0:  # no object of this kind: nothing resolves (most batches)
+            return self._resolved(kind, objs.with_columns(target=pl.lit(None, pl.String)))
         tl = self.email_tl if kind == "email" else self.phone_tl
         holders = pl.concat([
             self.prof.filter(pl.col(kind).is_not_null()).select("sid", pl.col(kind).alias("key")),
@@ -296,7 +302,12 @@ class _Batch:
                   nulls_last=True)
             .group_by("seq", maintain_order=True).agg(pl.col("sid").first().alias("target"))
         )
-        resolved = objs.join(ranked, on="seq", how="left")
+        return self._resolved(kind, objs.join(ranked, on="seq", how="left"))
+
+    @staticmethod
+    def _resolved(kind: str, resolved: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+        """Objects with the profile they resolved to (`target`, null: none) → (targets,
+        creations): an object that may create a profile and found none creates one."""
         new = resolved.filter(pl.col("target").is_null() & pl.col("can_create"))
         creations = new.select(temp=_temp_id(pl.col("seq"), pl.lit(0)), seq="seq", pos=pl.lit(0, pl.Int64),
                                kind=pl.lit(kind), key="key")
@@ -308,6 +319,8 @@ class _Batch:
     def _import_creations(self) -> pl.DataFrame:
         """Push-import tokens held by nobody at that moment create anonymous profiles."""
         t = self.import_tokens.select("seq", "pos", "tkey")
+        if t.height == 0:
+            return t.select(temp=pl.lit(None, pl.String), seq="seq", pos="pos", kind=pl.lit("import"), key="tkey")
         held_before = (
             t.join(self.owner_tl.select("tkey", pl.col("seq").alias("oseq"), pl.col("pos").alias("opos")), on="tkey")
             .filter((pl.col("oseq") < pl.col("seq")) | ((pl.col("oseq") == pl.col("seq")) & (pl.col("opos") < pl.col("pos"))))
