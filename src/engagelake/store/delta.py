@@ -453,7 +453,7 @@ class DeltaStore:
         self.wait_for_merges()
         base = self.head.content_batch
         with self._writer_lock():
-            self.head = self._read_head()
+            self.refresh()  # the ledger is read again only if an entry came since we looked
             if self.head.content_batch != base:
                 raise StaleStoreError(f"the store at {self.uri} changed since this batch read it")
             self._recover()
@@ -583,6 +583,8 @@ class DeltaStore:
             if not self._landed(batch_no):
                 raise
             self.commit_errors.append(error)
+        else:  # the ledger's version is our own: the next `refresh` looks for the one after it
+            self._ledger_version = self._latest(LEDGER).version()
         _failpoint("after_ledger")
         self.head = Head(batch_no, versions, next_profile_n, next_update_seq, self.head.seed, content_batch=batch_no)
 
