@@ -511,6 +511,7 @@ def test_a_full_queue_answers_503_and_stores_nothing(tmp_path: Path) -> None:
     with served(ws, max_queued=0) as client:
         r = send(client, "POST", "/users/track", {"attributes": [{"external_id": "x1"}]}, bearer(key))
         assert r.status_code == 503 and r.headers["retry-after"] == "1"
+        assert "x-ratelimit-remaining" not in r.headers  # turned away before the limit counted it
         assert "nothing of this request was stored" in r.json()["message"]
     assert ws.export_users(["external_id"]) == []
     writer = GroupCommitWriter(ws, max_queued=2)  # not started: requests wait

@@ -24,6 +24,10 @@ def test_every_published_table_holds_exactly_the_current_rows(tmp_path: Path) ->
     out = tmp_path / "s" / "current"
     assert set(rows) == set(ws.table_names()) - {"api_keys", "scim_tokens"}  # credentials stay in the store
     assert not (out / "api_keys").exists()
+    ws.publish(tables=["api_keys"])  # named: published
+    assert pl.read_delta(str(out / "api_keys"))["name"].to_list() == ["reader"]
+    ws.publish()  # not named again: the copy goes, rather than go stale
+    assert not (out / "api_keys").exists()
     for name in rows:
         current = ws.table(name).collect()
         published = pl.read_delta(str(out / name))

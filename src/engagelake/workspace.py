@@ -433,6 +433,9 @@ class Workspace:
             raise KeyError(f"no table {unknown[0]!r}; tables: {', '.join(TABLES)}")
         self.store.refresh()
         target = out if out is not None else f"{self.store.uri.rstrip('/')}/{PUBLISHED_FOLDER}"
+        for name in UNPUBLISHED:  # a copy an earlier run published would go stale: it goes
+            if name not in names and "://" not in str(target):
+                shutil.rmtree(Path(target) / name, ignore_errors=True)
         return publish(self.store.snapshot(), target, names, self.memory_limit)
 
     def lineage(self, identifier: str, *, kind: str = "external_id") -> pl.DataFrame:

@@ -87,6 +87,12 @@ def _key_in_body_refused() -> HttpResponse:
     return _refused("send the API key in the Authorization: Bearer header, not in the request body")
 
 
+def _busy(queued: int, headers: dict[str, str]) -> HttpResponse:
+    return _json(503, {"message": f"the server is busy ({queued:,} requests are waiting to be applied); nothing "
+                                  "of this request was stored, retry after Retry-After seconds"},
+                 {**headers, "Retry-After": "1"})
+
+
 def _scim_refused(detail: str) -> HttpResponse:
     return _json(401, {"schemas": [ERROR_SCHEMA], "detail": detail, "status": 401})
 
@@ -181,6 +187,8 @@ def create_app(workspace: Workspace, *, rate_limits: dict[str, Limit] | None = D
             return _json(413, {"message": f"request body over {max_body_bytes:,} bytes; split it into smaller requests"})
         if permission not in (SCIM, SIGNED_LINK) and _key_in_body(body):
             return _key_in_body_refused()
+        if writer.full():  # before the rate limit: a request turned away spends none of it
+            return _busy(writer.max_queued, {})
         headers: dict[str, str] = {}
         limit = LIMITED.get((method, pattern))
         if limiter is not None and limit is not None:
@@ -194,9 +202,8 @@ def create_app(workspace: Workspace, *, rate_limits: dict[str, Limit] | None = D
                   "query": dict(request.query_params)}
         try:
             submitted = writer.submit(queued)
-        except WriterBusy as busy:
-            return _json(503, {"message": f"the server is busy ({busy}); nothing of this request was stored, "
-                                          "retry after Retry-After seconds"}, {**headers, "Retry-After": "1"})
+        except WriterBusy:
+            return _busy(writer.max_queued, headers)
         response = await asyncio.wrap_future(submitted)
         return _answer(response, headers)
 

@@ -64,6 +64,10 @@ class GroupCommitWriter:
         self._queue.put((request, future))
         return future
 
+    def full(self) -> bool:
+        """Whether a request submitted now would be turned away (a hint: `submit` decides)."""
+        return self._queued >= self.max_queued
+
     def _drawn(self, n: int) -> None:
         with self._count:
             self._queued -= n
@@ -105,8 +109,10 @@ class GroupCommitWriter:
             responses = [Response(503, {"message": f"the request was not applied ({type(error).__name__}: "
                                                    f"{error}); nothing of it was stored"})]
         self.batches += 1
-        late = self.workspace.store.commit_errors  # the batch is committed all the same
-        while late:
-            log.warning("a batch was committed, but a step after its commit failed: %r", late.pop(0))
+        store = self.workspace.store
+        while store.commit_errors:  # the batch is committed all the same
+            log.warning("a batch was committed, but a step after its commit failed: %r", store.commit_errors.pop(0))
+        while store.merge_errors:  # the store is intact; the next writer rolls the merge back
+            log.warning("a run merge after a commit failed: %r", store.merge_errors.pop(0))
         for (_, future), response in zip(batch, responses, strict=True):
             future.set_result(response)

@@ -229,7 +229,8 @@ class DeltaStore:
         return DeltaTable(self._path(name)).version()
 
     def _append_ledger(self, batch_no: int, key: str | None, versions: dict[str, int], next_n: int,
-                       next_seq: int, seed: str, responses: list[Any], *, kind: str, create: bool = False) -> None:
+                       next_seq: int, seed: str, responses: list[Any], *, kind: str, create: bool = False) -> int | None:
+        """Append one ledger row; returns the ledger version it made (None when creating)."""
         row = pl.DataFrame(
             {
                 "batch_no": [batch_no], "batch_key": [key], "committed_at": [datetime.now(UTC)],
@@ -240,8 +241,12 @@ class DeltaStore:
             schema=LEDGER_SCHEMA,
         )
         # a ledger written before the `kind` column gains it here (its older rows read as null)
-        write_deltalake(self._path(LEDGER) if create else self._latest(LEDGER), row.to_arrow(), mode="append",
-                        schema_mode="merge")
+        if create:
+            write_deltalake(self._path(LEDGER), row.to_arrow(), mode="append", schema_mode="merge")
+            return None
+        table = self._latest(LEDGER)
+        write_deltalake(table, row.to_arrow(), mode="append", schema_mode="merge")
+        return table.version()
 
     def _ledger(self, columns: list[str]) -> pl.DataFrame:
         table = DeltaTable(self._path(LEDGER))
@@ -574,8 +579,8 @@ class DeltaStore:
                     _batch=pl.lit(batch_no, pl.Int64), _deleted=pl.lit(False)), versions)
         _failpoint("before_ledger")
         try:
-            self._append_ledger(batch_no, key, versions, next_profile_n, next_update_seq, self.head.seed, responses,
-                                kind="batch")
+            mine = self._append_ledger(batch_no, key, versions, next_profile_n, next_update_seq, self.head.seed,
+                                       responses, kind="batch")
         except Exception as error:
             # delta-rs may raise after its commit (a checkpoint it writes after the log entry):
             # a batch whose ledger row landed is committed, and saying otherwise would get it
@@ -584,7 +589,8 @@ class DeltaStore:
                 raise
             self.commit_errors.append(error)
         else:  # the ledger's version is our own: the next `refresh` looks for the one after it
-            self._ledger_version = self._latest(LEDGER).version()
+            assert mine is not None
+            self._ledger_version = mine
         _failpoint("after_ledger")
         self.head = Head(batch_no, versions, next_profile_n, next_update_seq, self.head.seed, content_batch=batch_no)
 
