@@ -24,7 +24,7 @@ import engagelake.store.delta as delta
 import engagelake.workspace as workspace
 from engagelake import Workspace
 from engagelake.store import merging
-from engagelake.tables.partial import SET, field_bits, fold_over, mask_of, newest
+from engagelake.tables.partial import SET, field_bits, fold_over, fold_pair, mask_of, newest
 from engagelake.tables.schema import SCHEMAS
 
 FIELDS = ["first_name", "email", "update_seq"]  # the fields the model varies
@@ -108,6 +108,22 @@ def test_folding_partial_rows_over_whole_rows_equals_the_fold(rows: list[dict[st
     want = newest("profiles", pl.concat([base, partial])).filter(
         pl.col("service_id").is_in(base["service_id"].implode())).drop("_batch", "_deleted", SET)
     got = fold_over("profiles", base.drop("_batch", "_deleted", SET), partial.drop("_batch", "_deleted"))
+    assert got.sort("service_id").equals(want.sort("service_id"))
+
+
+@settings(max_examples=100, deadline=None)
+@given(histories(), st.data())
+def test_folding_a_partial_row_over_any_older_row_equals_the_fold(rows: list[dict[str, Any]],
+                                                                  data: st.DataObject) -> None:
+    """`fold_pair` (the stages' fold of a pass over an earlier stage) equals `newest`: each key's
+    older row is whole, partial or a tombstone, its newer row partial."""
+    older = newest("profiles", _frame(rows))
+    chosen = data.draw(st.lists(st.sampled_from(FIELDS), unique=True))
+    newer = _frame([{"service_id": k, **{f: None if f in ("email",) else f"n-{k}" if f != "update_seq" else 7
+                                        for f in FIELDS}, "_batch": 100, "_deleted": False,
+                     SET: mask_of("profiles", chosen)} for k in older["service_id"]])
+    want = newest("profiles", pl.concat([older, newer])).drop("_batch")
+    got = fold_pair("profiles", older.drop("_batch"), newer.drop("_batch"))
     assert got.sort("service_id").equals(want.sort("service_id"))
 
 
@@ -225,6 +241,54 @@ def test_a_staged_batch_of_updates_equals_a_held_one(tmp_path: Path, monkeypatch
     assert staged == held
     assert staged[3].body["users"][0]["external_id"] == "u1" and staged[4].body["users"] == []
     assert final_state(staged_ws) == final_state(held_ws)
+
+
+# partial rows of committed users that a batch stages: folded across stages, and under probes
+# by key (export by ID), by a column they set (the new email) or leave alone (u2's email)
+PARTIAL_ACROSS_STAGES = [
+    post_track(attributes=[{"external_id": "u1", "first_name": "A"}, {"external_id": "u2", "last_name": "M"}]),
+    post_track(attributes=[{"external_id": "u1", "email": "new@x.io"}]),
+    post_track(attributes=[{"external_id": "u1", "last_name": None}, {"external_id": "u4", "first_name": "D"}]),
+    post_export(email_address="u2@x.io"),
+    post_export(email_address="new@x.io"),
+    post_export(email_address="u1@x.io"),
+    post_track(attributes=[{"external_id": "u2", "email": "u1@x.io"}]),
+    post_export(email_address="u1@x.io"),
+    post_export(external_ids=["u1", "u2", "u4"]),
+]
+
+
+def test_staged_partial_rows_stay_partial_and_fold_when_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(workspace, "STAGE_ROWS", 1)
+    monkeypatch.setattr(workspace, "TRACK_RUN_MAX", 1)
+    staged_ws = _store(tmp_path / "staged")
+    staged = staged_ws.apply(PARTIAL_ACROSS_STAGES)
+    with pytest.MonkeyPatch.context() as held_mode:
+        held_mode.setattr(workspace, "STAGE_ROWS", 10**9)
+        held_ws = _store(tmp_path / "held")
+        held = held_ws.apply(PARTIAL_ACROSS_STAGES)
+    assert staged == held
+    [u2] = staged[3].body["users"]
+    assert (u2["external_id"], u2["last_name"], u2["first_name"]) == ("u2", "M", "F2")
+    [u1] = staged[4].body["users"]
+    assert (u1["external_id"], u1["first_name"], "last_name" in u1) == ("u1", "A", False)
+    assert staged[5].body["users"] == []
+    assert [u["external_id"] for u in staged[7].body["users"]] == ["u2"]
+    assert final_state(staged_ws) == final_state(held_ws)
+
+
+def test_a_staged_batch_of_field_sets_reads_no_profile(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(workspace, "STAGE_ROWS", 1)
+    monkeypatch.setattr(workspace, "TRACK_RUN_MAX", 1)
+    ws = _store(tmp_path)
+    got = ws.apply([post_track(attributes=[{"external_id": f"u{n % 3}", "first_name": f"N{n}"}]) for n in range(5)])
+    assert all(r.status == 201 for r in got)
+    assert sum(n for name, _, n in ws.last_reads if name == "profiles") == 0
+    last = _stored_profiles(ws).filter(pl.col("_batch") == pl.col("_batch").max())
+    assert last.height == 3 and last[SET].null_count() == 0  # each user's passes folded: one partial row
+    assert {u: export_one(ws, u, ["first_name", "email"]) for u in ("u0", "u1", "u2")} == {
+        "u0": {"first_name": "N3", "email": "u0@x.io"}, "u1": {"first_name": "N4", "email": "u1@x.io"},
+        "u2": {"first_name": "N2", "email": "u2@x.io"}}
 
 
 def test_a_store_written_before_partial_rows_keeps_working(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -230,23 +230,22 @@ class State:
         return fold_over(name, rows, mine)
 
     def resolve_changes(self, changes: Changes) -> Changes:
-        """`changes` with their partial rows replaced by the whole rows they make (the stored
-        rows of pending keys are read now): staged rows are whole, like the store's bottom.
-        The state is not updated: a batch starts a new one after staging."""
+        """`changes` with the partial rows of keys the batch holds replaced by the whole rows
+        they made (held rows are current: nothing is read). Partial rows of keys not read stay
+        partial: the stages keep them so, and fold them over the stored rows when a later pass
+        reads those keys. The state is not updated: a batch starts a new one after staging."""
         for name in PARTIAL:
             if not (parts := changes.parts.get(name)):
                 continue
             rows = newest(name, pl.concat(parts))
             partial = rows.filter(pl.col(SET).is_not_null())
-            if partial.height == 0:
-                continue
             key = list(KEYS[name] or ())
-            # a partial key's current row: held (folded in as it came, or read since), or pending
-            current = [self.known[name].join(partial.select(key), on=key, how="semi")]
-            if (pending := self.pending.get(name)) is not None:
-                current.append(fold_over(name, self._stored_rows_of(name, pending), pending))
-            whole = pl.concat(current).with_columns(_deleted=pl.lit(False), **{SET: pl.lit(None, pl.Int64)})
-            changes.parts[name] = [pl.concat([rows.filter(pl.col(SET).is_null()), whole.select(rows.columns)])]
+            held = self.known[name].join(partial.select(key), on=key, how="semi")
+            if held.height == 0:
+                continue
+            whole = held.with_columns(_deleted=pl.lit(False), **{SET: pl.lit(None, pl.Int64)})
+            changes.parts[name] = [pl.concat([rows.join(held.select(key), on=key, how="anti"),
+                                              whole.select(rows.columns)])]
         return changes
 
     def _note_stored(self, name: str, rows: pl.DataFrame) -> pl.DataFrame:

@@ -24,6 +24,7 @@ import pyarrow.ipc
 from engagelake.store import scratch
 from engagelake.store.runs import SORT_BY, sort_order
 from engagelake.tables.changes import Changes
+from engagelake.tables.partial import PARTIAL, SET, field_bits, fold_over, fold_pair, newest
 from engagelake.tables.schema import KEYS, SCHEMAS
 from engagelake.tables.source import STAGED, RowSource
 
@@ -57,8 +58,12 @@ class Stages:
         for name, frames in changes.parts.items():
             rows, key = pl.concat(frames), KEYS[name]
             if key is not None:
-                rows = rows.unique(subset=list(key), keep="last", maintain_order=True)
-                staged = rows.select(*key, pl.lit(n, pl.Int32).alias(STAGE)).with_row_index(ROW)
+                if name in PARTIAL:
+                    rows = self._fold_earlier(name, newest(name, rows))
+                else:
+                    rows = rows.unique(subset=list(key), keep="last", maintain_order=True)
+                mask = [SET] if name in PARTIAL else []  # probes tell partial rows by it
+                staged = rows.select(*key, *mask, pl.lit(n, pl.Int32).alias(STAGE)).with_row_index(ROW)
                 old = self.newest.get(name)
                 self.newest[name] = staged if old is None else pl.concat(
                     [old.join(staged, on=list(key), how="anti"), staged])
@@ -70,6 +75,30 @@ class Stages:
             path = self.folder / f"{n:05d}-{index}.pairs.arrow"
             pairs.write_ipc(path, compression="uncompressed")
             self.pairs.setdefault(index, []).append(path)
+
+    def _fold_earlier(self, name: str, rows: pl.DataFrame) -> pl.DataFrame:
+        """`rows` (one per key) with each partial row folded over its key's row in an earlier
+        stage: a key's newest staged row is everything the batch did to it."""
+        old = self.newest.get(name)
+        if old is None:
+            return rows
+        key = list(KEYS[name] or ())
+        partial = rows.filter(pl.col(SET).is_not_null())
+        earlier = old.join(partial.select(key), on=key, how="semi")
+        if earlier.height == 0:
+            return rows
+        before = self.gather(name, earlier.select(STAGE, ROW)).select(rows.columns)
+        folded = fold_pair(name, before, partial)
+        return pl.concat([rows.join(folded.select(key), on=key, how="anti"), folded])
+
+    def partial_keys(self, name: str, column: str | None = None) -> pl.DataFrame:
+        """The keys whose newest staged row is partial (and leaves `column` alone, if given)."""
+        if name not in PARTIAL or name not in self.newest:
+            return pl.DataFrame(schema={c: SCHEMAS[name][c] for c in KEYS[name] or ()})
+        partial = pl.col(SET).is_not_null()
+        if column is not None:
+            partial &= (pl.col(SET) & field_bits(name)[column]) == 0
+        return self.newest[name].filter(partial).select(KEYS[name] or ())
 
     def rows(self, name: str) -> pl.LazyFrame | None:
         """Every staged row of `name` with its stage, oldest first (None: nothing staged)."""
@@ -91,7 +120,8 @@ class Stages:
             assert isinstance(taken, pl.DataFrame)
             parts.append(taken.with_columns(rows[POS]))
         if not parts:
-            return pl.DataFrame(schema={**SCHEMAS[name], "_deleted": pl.Boolean()})
+            mask = {SET: pl.Int64()} if name in PARTIAL else {}
+            return pl.DataFrame(schema={**SCHEMAS[name], "_deleted": pl.Boolean(), **mask})
         return pl.concat(parts, how="vertical_relaxed").sort(POS).drop(POS)
 
     # --- what the commit takes from the stages ---------------------------------------------------
@@ -183,17 +213,43 @@ class StagedSource:
         if staged is None:
             return self.base.probe(name, column, values, held)
         key = KEYS[name]
-        if key is not None and column not in key:  # a secondary probe need not read staged keys
-            keys = self.stages.newest[name].select(key)
+        if key is not None and column not in key:
+            # a secondary probe need not read the stored rows of keys whose staged row
+            # decides the column (whole rows, and partial ones that set it)
+            keys = self.stages.newest[name].select(key).join(
+                self.stages.partial_keys(name, column), on=list(key), how="anti")
             held = keys if held is None else pl.concat([held.select(key), keys])
-        stored = self._stored(name, self.base.probe(name, column, values, held).lazy()).collect()
+        found = self.base.probe(name, column, values, held)
+        stored = self._stored(name, found.lazy()).collect()
         if key is not None and column in key:  # the newest staged rows by their places
             places = self.stages.newest[name].filter(pl.col(column).is_in(values.implode()))
             mine = self.stages.gather(name, places).filter(~pl.col("_deleted")).drop("_deleted")
         else:
             mine = self._current(name, staged.filter(pl.col(column).is_in(values.implode()))).collect()
+            if key is not None and name in PARTIAL:
+                # stored rows found whose staged row is partial and leaves the column alone
+                under = found.join(self.stages.partial_keys(name, column), on=list(key), how="semi")
+                if under.height:
+                    places = self.stages.newest[name].join(under.select(key), on=list(key), how="semi")
+                    mine = pl.concat([mine, self.stages.gather(name, places).drop("_deleted")])
+        if name in PARTIAL:
+            mine = self._fold_partial(name, mine, found)
         return pl.concat([stored.with_columns(pl.lit(False).alias(STAGED)),
                           mine.select(list(SCHEMAS[name])).with_columns(pl.lit(True).alias(STAGED))],
+                         how="vertical_relaxed")
+
+    def _fold_partial(self, name: str, mine: pl.DataFrame, found: pl.DataFrame) -> pl.DataFrame:
+        """Staged rows with their partial rows folded over the stored rows of their keys
+        (`found`: stored rows the probe read; the others are read by key now)."""
+        partial = mine.filter(pl.col(SET).is_not_null())
+        if partial.height == 0:
+            return mine
+        key = list(KEYS[name] or ())
+        under = found.join(partial.select(key), on=key, how="semi")
+        missing = partial.join(under.select(key), on=key, how="anti")
+        if missing.height:
+            under = pl.concat([under, self.base.probe(name, key[0], missing[key[0]])], how="vertical_relaxed")
+        return pl.concat([mine.filter(pl.col(SET).is_null()).drop(SET), fold_over(name, under, partial)],
                          how="vertical_relaxed")
 
     def scan(self, name: str) -> pl.LazyFrame:
@@ -201,6 +257,13 @@ class StagedSource:
         if staged is None:
             return self.base.scan(name)
         stored = self._stored(name, self.base.scan(name))
+        mine = self._current(name, staged)
+        if name in PARTIAL:  # partial staged rows fold over their stored rows
+            key = list(KEYS[name] or ())
+            partial = mine.filter(pl.col(SET).is_not_null())
+            under = self.base.scan(name).join(partial.select(key), on=key, how="semi")
+            mine = pl.concat([mine.filter(pl.col(SET).is_null()).drop(SET), fold_over(name, under, partial)],
+                             how="vertical_relaxed")
         return pl.concat([stored.with_columns(pl.lit(False).alias(STAGED)),
-                          self._current(name, staged).select(list(SCHEMAS[name]))
-                          .with_columns(pl.lit(True).alias(STAGED))], how="vertical_relaxed")
+                          mine.select(list(SCHEMAS[name])).with_columns(pl.lit(True).alias(STAGED))],
+                         how="vertical_relaxed")

@@ -84,18 +84,36 @@ def newest(name: str, rows: Frame) -> Frame:
     return latest.update(folded, on=key, include_nulls=True)
 
 
-def fold_over(name: str, base: pl.DataFrame, partial: pl.DataFrame) -> pl.DataFrame:
+def fold_over(name: str, base: Frame, partial: Frame) -> Frame:
     """`base` (whole current rows, without `SET`) with the newer `partial` rows of its keys
     folded in, column by column; keys `partial` lacks keep their row, keys `base` lacks are
-    left out."""
+    left out. A lazy `partial` must hold one row per key."""
     key = list(KEYS[name] or ())
-    if partial.select(key).is_duplicated().any():
+    if isinstance(partial, pl.DataFrame) and partial.select(key).is_duplicated().any():
         partial = newest(name, partial.with_columns(_deleted=pl.lit(False))).drop("_deleted")
     bits = field_bits(name)
-    fields = [c for c in base.columns if c in bits and c not in key]
+    columns = base.collect_schema().names()
+    fields = [c for c in columns if c in bits and c not in key]
     suffix = "_partial"
     patch = partial.select(*key, SET, *[pl.col(c).alias(c + suffix) for c in fields])
-    joined = base.join(patch, on=key, how="left", maintain_order="left")
+    joined = base.join(patch, on=key, how="left", maintain_order="left")  # type: ignore[arg-type]
     return joined.select([
         pl.when((pl.col(SET) & bits[c]) != 0).then(pl.col(c + suffix)).otherwise(pl.col(c)).alias(c)
-        if c in fields else pl.col(c) for c in base.columns])
+        if c in fields else pl.col(c) for c in columns])
+
+
+def fold_pair(name: str, older: pl.DataFrame, newer: pl.DataFrame) -> pl.DataFrame:
+    """Each key's `older` row (whole or partial, with `SET`) with its `newer` partial row folded
+    in: one row per key of both (each holds a key once), as `newest` would give, by a join
+    instead of a group-by."""
+    key = list(KEYS[name] or ())
+    bits = field_bits(name)
+    suffix = "_newer"
+    fields = [c for c in older.columns if c in bits and c not in key]
+    patch = newer.select(*key, pl.col(SET).alias(SET + suffix), *[pl.col(c).alias(c + suffix) for c in fields])
+    joined = older.join(patch, on=key, how="inner")
+    mask = pl.col(SET + suffix)
+    return joined.select([
+        pl.when((mask & bits[c]) != 0).then(pl.col(c + suffix)).otherwise(pl.col(c)).alias(c) if c in fields
+        else (pl.col(SET) | mask).alias(SET) if c == SET  # a whole row stays whole (null)
+        else pl.col(c) for c in older.columns])
