@@ -7,6 +7,8 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from polars.testing import assert_frame_equal
 from tests.test_apply_equals_call import (
     EVENTS_AND_PURCHASES,
@@ -17,7 +19,12 @@ from tests.test_apply_equals_call import (
 from engagelake.rules import messages as M
 from engagelake.rules.profile import parse
 from engagelake.rules.profile.attributes import attribute_errors, fold_attributes
-from engagelake.rules.profile.validate import normalize_email, normalize_phone, parse_time
+from engagelake.rules.profile.validate import (
+    normalize_email,
+    normalize_phone,
+    parse_time,
+    parse_times,
+)
 from engagelake.rules.state import Changes, State, apply_changes
 from engagelake.tables.partial import SET, mask_of
 
@@ -142,6 +149,26 @@ def test_normalize_phone(raw, expected):
 )
 def test_parse_time(raw, expected):
     assert pl.select(parse_time(pl.lit(raw))).item() == expected
+    assert parse_times(pl.Series([raw])).item() == expected
+
+
+_times = st.builds(
+    "{}-{}-{}T{}:{}:{}{}{}".format,
+    st.sampled_from(["2026", "1970", "0001", "9999"]), st.sampled_from(["01", "02", "12", "13", "00"]),
+    st.sampled_from(["01", "28", "29", "31", "32"]), st.sampled_from(["00", "23", "24"]),
+    st.sampled_from(["00", "59", "60"]), st.sampled_from(["00", "59", "60"]),
+    st.one_of(st.just(""), st.just(":123"), st.just(":12"), st.from_regex(r"\.[0-9]{1,12}", fullmatch=True)),
+    st.sampled_from(["Z", "Z", "+01:00", "-0530", "+1", "z", ""]),
+)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.one_of(st.none(), _times, st.text(max_size=30)), max_size=30))
+def test_a_column_of_times_parses_as_each_time_alone(raws: list[str | None]) -> None:
+    """`parse_times` (UTC times by one fixed format, the rest the general way) equals `parse_time`."""
+    column = pl.Series("time", raws, dtype=pl.String)
+    want = pl.DataFrame({"t": column}).select(parse_time(pl.col("t"))).to_series()
+    assert parse_times(column).eq_missing(want).all()
 
 
 def test_apply_changes_upserts_by_key_and_appends_logs():

@@ -113,6 +113,22 @@ def parse_time(col: pl.Expr) -> pl.Expr:
     return text.str.to_datetime("%Y-%m-%dT%H:%M:%S%.f%:z", strict=False, time_unit="us").dt.convert_time_zone("UTC")
 
 
+# the common form of a time, in UTC: a subset of `F.TIME_RE` that one fixed format parses
+_UTC_TIME_RE = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,9})?Z$"
+
+
+def parse_times(text: pl.Series) -> pl.Series:
+    """`parse_time` of a column, at a third of its cost: times in UTC parse with one format,
+    and only the others (offsets, `:mmm` milliseconds, bad text) take the general path."""
+    utc = text.str.contains(_UTC_TIME_RE).fill_null(False)
+    fast = text.str.to_datetime("%Y-%m-%dT%H:%M:%S%.fZ", strict=False, time_unit="us").dt.replace_time_zone("UTC")
+    out = fast.zip_with(utc, pl.repeat(None, len(text), dtype=fast.dtype, eager=True))
+    rest = (~utc & text.is_not_null()).arg_true()
+    if rest.len():
+        out = out.scatter(rest, pl.DataFrame({"t": text.gather(rest)}).select(parse_time(pl.col("t"))).to_series())
+    return out
+
+
 def _identifier(objects: pl.DataFrame) -> pl.DataFrame:
     """Identifier kind/key, identifier errors, and creation capability."""
     n_strong = pl.sum_horizontal(_present(c).cast(pl.Int8) for c in ("ext", "alias", "sid"))
@@ -293,7 +309,10 @@ def _list_errors(frame: pl.DataFrame, ok: pl.Expr, message: str, objects: pl.Dat
 def validate_track(parsed: ParsedTrack) -> ValidTrack:
     """Run every static check over a parsed batch."""
     fatal = fatal_errors(parsed)
-    objects = parsed.objects.join(fatal, on="req", how="anti").pipe(_identifier)
+    objects = parsed.objects
+    if fatal.height:  # a join copies every column: only when a request failed
+        objects = objects.join(fatal, on="req", how="anti")
+    objects = _identifier(objects)
     import_mode = ((pl.col("arr") == 0) & (pl.col("pti_t") == "BOOLEAN") & (pl.col("pti") == "true")).fill_null(False)
     objects = objects.with_columns(import_mode=import_mode)
 
@@ -317,12 +336,12 @@ def validate_track(parsed: ParsedTrack) -> ValidTrack:
         custom.filter(pl.col("error").is_not_null()).sort("seq", "kpos")
         .group_by("seq", maintain_order=True).agg(pl.col("error").first().alias("custom_error"))
     )
-    time = parse_time(pl.col("time"))
     objects = (
         objects.join(tok_err, on="seq", how="left").join(grp_err, on="seq", how="left")
         .join(field_err, on="seq", how="left").join(custom_err, on="seq", how="left")
-        .with_columns(time_utc=pl.when(pl.col("time_t") == "VARCHAR").then(time).cast(UTC_TS))
     )
+    text = objects.select(pl.when(pl.col("time_t") == "VARCHAR").then(pl.col("time"))).to_series()
+    objects = objects.with_columns(parse_times(text).cast(UTC_TS).alias("time_utc"))
     app_err = _err(_present("app_id") & (pl.col("app_id_t") != "VARCHAR"), M.ERR_APP_ID)
     props_err = pl.coalesce(
         _err(_present("props") & (pl.col("props_t") != "OBJECT"), M.ERR_PROPERTIES),
@@ -380,15 +399,16 @@ def validate_track(parsed: ParsedTrack) -> ValidTrack:
             .otherwise(purchases_err),
         )
     )
-    valid = objects.filter(pl.col("error").is_null())
-    valid_attr = valid.filter((pl.col("arr") == 0) & ~pl.col("import_mode")).select("seq")
-    valid_any_attr = valid.filter(pl.col("arr") == 0).select("seq")
+    # lazy: each selection filters only the columns it keeps
+    valid = objects.lazy().filter(pl.col("error").is_null())
+    valid_attr = valid.filter((pl.col("arr") == 0) & ~pl.col("import_mode")).select("seq").collect()
+    valid_any_attr = valid.filter(pl.col("arr") == 0).select("seq").collect()
     events = valid.filter(pl.col("arr") == 1).select(
-        "seq", "name", pl.col("time_utc").alias("time"), "app_id", pl.col("props").alias("properties"))
+        "seq", "name", pl.col("time_utc").alias("time"), "app_id", pl.col("props").alias("properties")).collect()
     purchases = valid.filter(pl.col("arr") == 2).select(
         "seq", "product_id", "currency", pl.col("price").cast(pl.Float64).alias("price"),
         pl.col("quantity").cast(pl.Int64, strict=False).fill_null(1).alias("quantity"),
-        pl.col("time_utc").alias("time"), "app_id", pl.col("props").alias("properties"))
+        pl.col("time_utc").alias("time"), "app_id", pl.col("props").alias("properties")).collect()
     return ValidTrack(
         fatal=fatal,
         objects=objects.select("seq", "req", "arr", "idx", "error", "kind", "key", "can_create", "import_mode"),
