@@ -30,7 +30,15 @@ from engagelake.resources.catalogs import Catalogs
 from engagelake.resources.credentials import Credentials
 from engagelake.resources.preference_centers import PreferenceCenters
 from engagelake.resources.scim import Scim
-from engagelake.routing import Context, Handler, Request, Response, compile_pattern, split_path
+from engagelake.routing import (
+    Context,
+    Handler,
+    Request,
+    Response,
+    compile_pattern,
+    printable,
+    split_path,
+)
 from engagelake.rules import messages as M
 from engagelake.rules.export import export_frame, export_ids
 from engagelake.rules.identity.endpoints import IDENTITY_PATHS, apply_identity
@@ -85,9 +93,9 @@ def route_of(method: str, path: str) -> tuple[str | None, Response | None]:
         if regex.match(path):
             if method not in methods:
                 return None, Response(405, {"message": M.METHOD_NOT_ALLOWED.format(
-                    method=method, path=path, allowed=", ".join(methods))})
+                    method=printable(method), path=printable(path), allowed=", ".join(methods))})
             return pattern, None
-    return None, Response(404, {"message": M.NOT_FOUND.format(method=method, path=path)})
+    return None, Response(404, {"message": M.NOT_FOUND.format(method=printable(method), path=printable(path))})
 
 
 def _now() -> datetime:
@@ -157,15 +165,19 @@ def _routed(request: Any) -> Routed:
 def _route(request: Any) -> tuple[str | Handler, Request, str]:
     """(endpoint, routed request, body as JSON text) of one request, or raise _Bad."""
     if not isinstance(request, dict) or not isinstance(request.get("path"), str):
-        raise _Bad(400, "a request must be an object with string method and path")
+        raise _Bad(400, M.BAD_REQUEST)
     method = str(request.get("method", "")).upper()
     path, query = split_path(request["path"])
+    extra = request.get("query")
+    if extra is not None and not (isinstance(extra, dict) and all(isinstance(k, str) for k in extra)):
+        raise _Bad(400, M.BAD_QUERY.format(kind=type(extra).__name__))
     found = next(((m, methods) for pattern, methods in ROUTES if (m := pattern.match(path))), None)
     if found is None:
-        raise _Bad(404, M.NOT_FOUND.format(method=method, path=path))
+        raise _Bad(404, M.NOT_FOUND.format(method=printable(method), path=printable(path)))
     match, methods = found
     if method not in methods:
-        raise _Bad(405, M.METHOD_NOT_ALLOWED.format(method=method, path=path, allowed=", ".join(methods)))
+        raise _Bad(405, M.METHOD_NOT_ALLOWED.format(method=printable(method), path=printable(path),
+                                                    allowed=", ".join(methods)))
     body = request.get("body")
     try:
         if isinstance(body, str | bytes | bytearray | memoryview):
@@ -173,8 +185,38 @@ def _route(request: Any) -> tuple[str | Handler, Request, str]:
         text = orjson.dumps(body).decode()  # proves the body is plain JSON data
     except (orjson.JSONDecodeError, TypeError):
         raise _Bad(400, M.BAD_JSON) from None
-    query = {**query, **(request.get("query") or {})}
+    query = {**query, **(extra or {})}
     return methods[method], Request(method, path, body, match.groupdict(), query), text
+
+
+def _as_json(responses: list[Response]) -> list[Response]:
+    """The responses exactly as their JSON text reads back, which is also what the ledger keeps
+    and a replay of the batch answers: never NaN, Infinity, datetimes or Python-only values.
+    Text that JSON cannot carry (a lone surrogate, a non-string key, an integer beyond 64 bits)
+    is escaped or written as text instead of failing the batch's commit."""
+    bodies = [r.body for r in responses]
+    try:
+        text = orjson.dumps(bodies)
+    except TypeError:
+        text = orjson.dumps([_encodable(body) for body in bodies])
+    return [Response(r.status, body) for r, body in zip(responses, orjson.loads(text), strict=True)]
+
+
+def _encodable(value: Any) -> Any:
+    """`value` with what JSON text cannot hold escaped (only for a body orjson refused)."""
+    try:
+        orjson.dumps(value)
+    except TypeError:
+        pass
+    else:
+        return value
+    if isinstance(value, str):
+        return printable(value)
+    if isinstance(value, dict):
+        return {printable(str(key)): _encodable(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_encodable(item) for item in value]
+    return printable(str(value))  # an integer beyond 64 bits, or an object JSON has no form for
 
 
 class _Batch:
@@ -382,7 +424,7 @@ class Workspace:
         try:
             body(batch)
             batch.flush(last=True)
-            final = [r for r in batch.responses if r is not None]
+            final = _as_json([r for r in batch.responses if r is not None])
             assert len(final) == len(batch.responses)
             self.last_reads = batch.state.reads
             changes, index_entries_stored, staged = batch.to_commit()
