@@ -6,10 +6,19 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from tests.helpers import EXPORT, TRACK, assert_strict_json, exists, open_ws, post, track_ok
+from tests.helpers import (
+    EXPORT,
+    TRACK,
+    assert_strict_json,
+    custom_attributes,
+    exists,
+    open_ws,
+    post,
+    track_ok,
+)
 
 from engagelake import Response
-from engagelake.rules.messages import BAD_QUERY, NOT_FOUND
+from engagelake.rules.messages import BAD_JSON, BAD_QUERY, NON_FINITE_NUMBER, NOT_FOUND
 
 
 @pytest.mark.parametrize("query", [[1], "a=1", 5, {1: "x"}, True])
@@ -68,3 +77,61 @@ def test_a_lone_surrogate_in_a_body_answers_with_the_batch(tmp_path) -> None:
     for r in responses:
         assert_strict_json(r)
     assert exists(ws, "u1") and exists(ws, "u2")
+
+
+# --- numbers JSON cannot carry (items 3 and 4) ----------------------------------------------------
+CATALOG = {"catalogs": [{"name": "c", "description": "d", "fields": [
+    {"name": "id", "type": "string"}, {"name": "n", "type": "number"}, {"name": "s", "type": "string"},
+    {"name": "a", "type": "array"}]}]}
+COERCE = "unable-to-coerce-value"
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("n", "123456789012345678901234567890"), ("n", "-9223372036854775809"), ("n", "1e999"), ("n", "-1e999"),
+    ("n", float("inf")), ("n", float("nan")), ("s", float("-inf")), ("a", [1, [float("nan")]]),
+])
+def test_a_catalog_value_beyond_64_bits_cannot_be_coerced(ws, field: str, value: Any) -> None:
+    assert ws.call("POST", "/catalogs", CATALOG).status == 201
+    r = ws.call("PUT", "/catalogs/c/items", {"items": [{"id": "x", field: value}]})
+    assert r.status == 400, r
+    assert [(e["id"], e["parameters"], e["parameter_values"]) for e in r.body["errors"]] == [(COERCE, [field], ["x"])]
+    assert ws.call("PUT", "/catalogs/c/items", {"items": [{"id": "x", "n": "9223372036854775807"}]}).status == 202
+
+
+def test_a_catalog_number_beyond_a_double_in_json_text_cannot_be_coerced(ws) -> None:
+    assert ws.call("POST", "/catalogs", CATALOG).status == 201
+    r = ws.call("PUT", "/catalogs/c/items", '{"items": [{"id": "x", "n": 1e999}]}')
+    assert r.status == 400 and r.body["errors"][0]["id"] == COERCE
+
+
+TRACKED = [
+    ({"attributes": [{"external_id": "u", "score": float("inf")}]}, "attributes[0].score"),
+    ('{"attributes": [{"external_id": "u", "nested": {"a": [1, -1e999]}}]}', "attributes[0].nested.a[1]"),
+    ({"attributes": [{"external_id": "u", "score": {"inc": float("nan")}}]}, "attributes[0].score.inc"),
+    ('{"events": [{"external_id": "u", "name": "e", "time": "2026-01-01T00:00:00Z", "properties": {"p": 1e999}}]}',
+     "events[0].properties.p"),
+    ({"purchases": [{"external_id": "u", "product_id": "p", "currency": "USD", "price": float("inf"),
+                     "time": "2026-01-01T00:00:00Z"}]}, "purchases[0].price"),
+    ('{"purchases": [{"external_id": "u", "product_id": "p", "currency": "USD", "price": 1, "quantity": 1e999, '
+     '"time": "2026-01-01T00:00:00Z", "properties": {}}]}', "purchases[0].quantity"),
+]
+
+
+@pytest.mark.parametrize(("body", "where"), TRACKED)
+def test_a_track_number_beyond_a_double_is_refused_not_stored_as_null(ws, body: Any, where: str) -> None:
+    track_ok(ws, attributes=[{"external_id": "u", "score": 5, "nested": 1}])
+    message = NON_FINITE_NUMBER.format(where=where)
+    assert ws.call("POST", TRACK, body) == Response(400, {"message": message, "errors": [message]})
+    assert custom_attributes(ws, "u") == {"score": 5, "nested": 1}  # null would have removed them
+
+
+@pytest.mark.parametrize("body", ['{"x": NaN}', '{"x": Infinity}', '{"x": -Infinity}'])
+def test_nan_and_infinity_literals_are_not_json(ws, body: str) -> None:
+    assert ws.call("POST", TRACK, body) == Response(400, {"message": BAD_JSON})
+
+
+def test_other_endpoints_refuse_a_number_beyond_a_double(ws) -> None:
+    body = {"merge_updates": [{"identifier_to_merge": {"external_id": float("inf")},
+                               "identifier_to_keep": {"external_id": "k"}}]}
+    message = NON_FINITE_NUMBER.format(where="merge_updates[0].identifier_to_merge.external_id")
+    assert ws.call("POST", "/users/merge", body) == Response(400, {"message": message})

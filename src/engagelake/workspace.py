@@ -7,6 +7,8 @@ reads (exports see every earlier request of the batch), then commits the batch a
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import re
 import shutil
@@ -26,7 +28,7 @@ import pyarrow as pa
 from engagelake.errors import StaleStoreError, StoreError
 from engagelake.resources import RESOURCE_ROUTES
 from engagelake.resources.campaigns import Campaigns
-from engagelake.resources.catalogs import Catalogs
+from engagelake.resources.catalogs import CHECKS_NUMBERS, Catalogs
 from engagelake.resources.credentials import Credentials
 from engagelake.resources.preference_centers import PreferenceCenters
 from engagelake.resources.scim import Scim
@@ -103,9 +105,9 @@ def _now() -> datetime:
 
 
 class _Bad(Exception):
-    def __init__(self, status: int, message: str):
+    def __init__(self, status: int, message: str, body: dict[str, Any] | None = None):
         super().__init__(message)
-        self.response = Response(status, {"message": message})
+        self.response = Response(status, body or {"message": message})
 
 
 # One request as a batch keeps it: (endpoint, routed request, body as JSON text), or the
@@ -178,15 +180,62 @@ def _route(request: Any) -> tuple[str | Handler, Request, str]:
     if method not in methods:
         raise _Bad(405, M.METHOD_NOT_ALLOWED.format(method=printable(method), path=printable(path),
                                                     allowed=", ".join(methods)))
-    body = request.get("body")
+    endpoint = methods[method]
+    body, text = _json_body(request.get("body"), method, endpoint)
+    query = {**query, **(extra or {})}
+    return endpoint, Request(method, path, body, match.groupdict(), query), text
+
+
+def _json_body(body: Any, method: str, endpoint: str | Handler) -> tuple[Any, str]:
+    """The body as data and as JSON text, or raise _Bad: not JSON, or holding a number JSON
+    text cannot carry (beyond a double's range, or NaN), which orjson would write as null."""
     try:
         if isinstance(body, str | bytes | bytearray | memoryview):
-            body = orjson.loads(body) if method != "GET" or body else None
-        text = orjson.dumps(body).decode()  # proves the body is plain JSON data
-    except (orjson.JSONDecodeError, TypeError):
+            body = _loads(body) if method != "GET" or body else None
+        data = orjson.dumps(body)  # proves the body is plain JSON data
+    except (orjson.JSONDecodeError, TypeError, ValueError):
         raise _Bad(400, M.BAD_JSON) from None
-    query = {**query, **(extra or {})}
-    return methods[method], Request(method, path, body, match.groupdict(), query), text
+    # only a body whose text holds null can have lost a number (a byte search, then a C encoder)
+    if b"null" in data and endpoint not in CHECKS_NUMBERS and (where := _non_finite(body)) is not None:
+        message = M.NON_FINITE_NUMBER.format(where=printable(where))
+        raise _Bad(400, message, {"message": message, "errors": [message]} if endpoint == "track" else None)
+    return body, data.decode()
+
+
+def _loads(text: str | bytes | bytearray | memoryview) -> Any:
+    """JSON text as data. A number beyond a double's range (`1e999`), which orjson refuses, is
+    read as an infinity, for the caller to refuse with where it is; NaN and Infinity literals
+    are not JSON."""
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError as error:
+        if "infinity" not in str(error):
+            raise
+
+        def no_constants(name: str) -> Any:
+            raise ValueError(name)
+
+        return json.loads(bytes(text) if isinstance(text, memoryview) else text, parse_constant=no_constants)
+
+
+def _non_finite(body: Any) -> str | None:
+    """Where the first number that is not finite sits in `body` (`attributes[0].score`), or None."""
+    try:
+        json.dumps(body, allow_nan=False)
+    except ValueError:
+        pass
+    else:
+        return None
+    stack: list[tuple[Any, str]] = [(body, "body")]
+    while stack:  # depth first, in document order; iterative: bodies may nest deep
+        node, where = stack.pop()
+        if isinstance(node, float) and not math.isfinite(node):
+            return where.removeprefix("body.")
+        if isinstance(node, dict):
+            stack.extend((value, f"{where}.{key}") for key, value in reversed(node.items()))
+        elif isinstance(node, list):
+            stack.extend((value, f"{where}[{i}]") for i, value in reversed(list(enumerate(node))))
+    return None
 
 
 def _as_json(responses: list[Response]) -> list[Response]:
