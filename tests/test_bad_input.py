@@ -11,9 +11,12 @@ from tests.helpers import (
     TRACK,
     assert_strict_json,
     custom_attributes,
+    event,
     exists,
     open_ws,
     post,
+    purchase,
+    state_snapshot,
     track_ok,
 )
 
@@ -135,3 +138,36 @@ def test_other_endpoints_refuse_a_number_beyond_a_double(ws) -> None:
                                "identifier_to_keep": {"external_id": "k"}}]}
     message = NON_FINITE_NUMBER.format(where="merge_updates[0].identifier_to_merge.external_id")
     assert ws.call("POST", "/users/merge", body) == Response(400, {"message": message})
+
+
+# --- a refused request leaves no trace (item 6) -------------------------------------------------------
+FIRST = post(TRACK, {"attributes": [{"external_id": "u1", "a": 1}], "events": [event(external_id="u1")]})
+SECOND = post(TRACK, {"attributes": [{"external_id": "u2", "b": 2}, {"external_id": "u1", "a": 3}],
+                      "purchases": [purchase(external_id="u2")]})
+REFUSED = [
+    post(TRACK, {"attributes": [{"external_id": "r1", "c": 1}, {"external_id": "guest"}]}),  # blocked ID
+    post(TRACK, {"attributes": [{"external_id": "r2"}] * 76}),  # too many objects
+    post(TRACK, {"events": [event(external_id="r3")], "purchases": {"x": 1}}),  # not an array
+    post(TRACK, {"attributes": [{"external_id": "r4"}, 5]}),  # an element not an object
+    post("/users/merge", {"merge_updates": "x"}),
+    post("/users/identify", {"aliases_to_identify": [{"external_id": "u1"}] * 60}),
+    post("/users/delete", {"external_ids": ["u1"] * 51}),
+]
+
+
+def stored_state(ws) -> dict[str, Any]:
+    return {**state_snapshot(ws), "next_update_seq": ws.store.head.next_update_seq,
+            "next_profile_n": ws.store.head.next_profile_n}
+
+
+@pytest.mark.parametrize("refused", REFUSED)
+def test_a_refused_track_request_leaves_no_trace(tmp_path, refused: dict[str, Any]) -> None:
+    expected = open_ws(tmp_path, "expected")
+    expected.apply([FIRST, SECOND])
+    calls = open_ws(tmp_path, "calls")
+    statuses = [calls.call(r["method"], r["path"], r["body"]).status for r in (FIRST, refused, SECOND)]
+    batch = open_ws(tmp_path, "batch")
+    assert [r.status for r in batch.apply([FIRST, refused, SECOND])] == statuses == [201, 400, 201]
+    want = stored_state(expected)
+    assert stored_state(calls) == want
+    assert stored_state(batch) == want

@@ -7,6 +7,7 @@ reads (exports see every earlier request of the batch), then commits the batch a
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -45,7 +46,7 @@ from engagelake.rules import messages as M
 from engagelake.rules.export import export_frame, export_ids
 from engagelake.rules.identity.endpoints import IDENTITY_PATHS, apply_identity
 from engagelake.rules.identity.lineage import lineage_rows
-from engagelake.rules.profile.parse import parse_track
+from engagelake.rules.profile.parse import parse_track, without_requests
 from engagelake.rules.profile.track import apply_track
 from engagelake.rules.profile.validate import validate_track
 from engagelake.rules.state import Changes, State, apply_changes
@@ -376,6 +377,9 @@ class _Batch:
         })
         parsed = parse_track(bodies)
         valid = validate_track(parsed)
+        if valid.fatal.height:  # refused requests take no sequence numbers: validate the rest again
+            parsed = without_requests(parsed, valid.fatal["req"])
+            valid = dataclasses.replace(validate_track(parsed), fatal=valid.fatal)
         outcome = apply_track(self.state, parsed, valid, clock=self.clock, seed=self.seed)
         for req, (status, body) in outcome.responses.items():
             responses[pending[req][0]] = Response(status, body)
