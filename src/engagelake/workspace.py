@@ -8,6 +8,7 @@ reads (exports see every earlier request of the batch), then commits the batch a
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 import os
@@ -26,7 +27,7 @@ import polars as pl
 import polars.selectors as cs
 import pyarrow as pa
 
-from engagelake.errors import StaleStoreError, StoreError
+from engagelake.errors import IdempotencyKeyReused, StaleStoreError, StoreError
 from engagelake.resources import RESOURCE_ROUTES
 from engagelake.resources.campaigns import Campaigns
 from engagelake.resources.catalogs import CHECKS_NUMBERS, Catalogs
@@ -163,6 +164,22 @@ def _routed(request: Any) -> Routed:
     if isinstance(endpoint, str) and endpoint != "export":
         return endpoint, None, text  # its dicts go: a pass reads the text
     return endpoint, routed, text
+
+
+def _digest_line(request: Any, item: Routed) -> bytes:
+    """One request's line in the digest of a keyed batch: method, path, query (sorted) and the
+    body's JSON text (its key order kept: attribute order is meaningful); a request that routes
+    nowhere is digested as given."""
+    endpoint, routed, text = item
+    if isinstance(text, str):
+        method, path, query = str(request.get("method", "")).upper(), request["path"], request.get("query")
+        try:
+            head = orjson.dumps([method, path, query], option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS,
+                                default=repr)
+        except TypeError:  # a lone surrogate in the path or the query
+            head = repr([method, path, query]).encode("utf-8", "backslashreplace")
+        return head + b"\t" + text.encode() + b"\n"
+    return b"!" + repr(request).encode("utf-8", "backslashreplace") + b"\n"
 
 
 def _route(request: Any) -> tuple[str | Handler, Request, str]:
@@ -442,18 +459,28 @@ class Workspace:
         another writer's commit replays those), so a big batch need not exist as dicts."""
         source = iter(requests)
         seen = _Seen()
+        digest = hashlib.sha256()  # of the requests, for a keyed batch
 
         def routed() -> Iterator[Routed]:
             yield from seen.replay()  # a retry replays what the first attempt read
             for request in source:
-                yield seen.add(_routed(request))
+                item = _routed(request)
+                if idempotency_key is not None:
+                    digest.update(_digest_line(request, item))
+                yield seen.add(item)
 
         def attempt() -> list[Response]:
             if idempotency_key is not None:
                 stored = self.store.find_batch(idempotency_key)
                 if stored is not None:
-                    return [Response(s, b) for s, b in stored]
-            return self._run_batch(lambda batch: self._dispatch(batch, routed()), idempotency_key)
+                    if stored.digest is not None:  # null: a ledger row older than digests
+                        for _ in routed():  # read (and route) the rest of the batch, apply nothing
+                            pass
+                        if digest.hexdigest() != stored.digest:
+                            raise IdempotencyKeyReused(idempotency_key, stored.committed_at)
+                    return [Response(s, b) for s, b in stored.responses]
+            return self._run_batch(lambda batch: self._dispatch(batch, routed()), idempotency_key,
+                                   digest=digest.hexdigest)
 
         with seen:
             return self._retrying(attempt)
@@ -471,7 +498,8 @@ class Workspace:
                 continue
         raise StoreError(f"the store at {self.store.uri} kept changing under this batch; retry later")
 
-    def _run_batch(self, body: Callable[[_Batch], None], idempotency_key: str | None) -> list[Response]:
+    def _run_batch(self, body: Callable[[_Batch], None], idempotency_key: str | None, *,
+                   digest: Callable[[], str] | None = None) -> list[Response]:
         batch = _Batch(self.state, clock=self.clock(), seed=self.store.head.seed,
                        batch_id=idempotency_key or uuid.uuid4().hex, before_big=self.store.wait_for_merges)
         try:
@@ -486,6 +514,7 @@ class Workspace:
                     changes, key=idempotency_key, responses=[[r.status, r.body] for r in final],
                     next_profile_n=batch.state.next_profile_n, next_update_seq=batch.state.next_update_seq,
                     index_entries_stored=index_entries_stored, staged=staged,
+                    digest=digest() if digest is not None and idempotency_key is not None else None,
                 )
         finally:
             batch.close()
