@@ -200,8 +200,10 @@ def _route(request: Any) -> tuple[str | Handler, Request, str]:
                                                     allowed=", ".join(methods)))
     endpoint = methods[method]
     body, text = _json_body(request.get("body"), method, endpoint)
-    query = {**query, **(extra or {})}
-    return endpoint, Request(method, path, body, match.groupdict(), query), text
+    # URL text reaches handlers that echo it: lone surrogates (no HTTP client can send one) escaped
+    query = {printable(k): printable(v) if isinstance(v, str) else v for k, v in {**query, **(extra or {})}.items()}
+    params = {k: printable(v) for k, v in match.groupdict().items()}
+    return endpoint, Request(method, path, body, params, query), text
 
 
 def _json_body(body: Any, method: str, endpoint: str | Handler) -> tuple[Any, str]:
