@@ -7,9 +7,12 @@ the API has no view of the state (profile counts, subscription groups).
 from __future__ import annotations
 
 import hashlib
+import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
+
+import orjson
 
 from engagelake import Response, Workspace
 from engagelake.rules.messages import EXPORT_FIELDS
@@ -86,6 +89,18 @@ def track_ok(ws: Workspace, **arrays: Any) -> dict[str, Any]:
     assert r.status == 201, r
     assert r.body is not None and "errors" not in r.body, r.body
     return r.body
+
+
+def assert_strict_json(r: Response) -> None:
+    """The body survives strict JSON encoders: no NaN or Infinity (`allow_nan=False`), no
+    datetimes or other Python-only values, no lone surrogates (UTF-8), no non-string keys or
+    integers beyond 64 bits (orjson without options). HTML pages (`str`) are text."""
+    assert isinstance(r.status, int), r
+    if isinstance(r.body, str):
+        r.body.encode("utf-8")
+        return
+    json.dumps(r.body, allow_nan=False, ensure_ascii=False).encode("utf-8")
+    orjson.dumps(r.body)
 
 
 def errors(r: Response) -> list[dict[str, Any]]:

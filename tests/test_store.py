@@ -12,7 +12,7 @@ import orjson
 import polars as pl
 import pyarrow.parquet as pq
 import pytest
-from deltalake import DeltaTable
+from deltalake import DeltaTable, write_deltalake
 from tests.crash_worker import (
     BATCH_1,
     BATCH_2,
@@ -27,7 +27,8 @@ from tests.crash_worker import (
 )
 
 import engagelake.store.delta as delta
-from engagelake import Workspace
+from engagelake import IdempotencyKeyReused, Workspace
+from engagelake.errors import StoreError
 from engagelake.store.delta import LEDGER
 from engagelake.tables.partial import PARTIAL, SET
 from engagelake.tables.schema import SCHEMAS, TABLES
@@ -152,6 +153,48 @@ def test_same_key_with_nothing_to_write_still_returns_the_first_answer(tmp_path:
     track(ws, ev("played"))
     assert ws.apply(export, idempotency_key="read") == first
     assert ws.apply(export)[0].body["users"] == [{"external_id": "u1"}]
+
+
+def test_a_key_reused_for_another_batch_raises_and_applies_nothing(tmp_path: Path) -> None:
+    ws = open_ws(tmp_path / "s")
+    batch = [{"method": "POST", "path": TRACK, "body": ev("played")}]
+    first = ws.apply(batch, idempotency_key="k")
+    versions = disk_versions(tmp_path / "s")
+    others = [
+        [{"method": "POST", "path": TRACK, "body": ev("skipped")}],  # another body
+        [*batch, *batch],  # more requests
+        [],  # fewer
+        [{**batch[0], "query": {"a": "1"}}],  # another query
+        [{"method": "POST", "path": "/users/track?a=1", "body": ev("played")}],  # another path
+    ]
+    for other in others:
+        with pytest.raises(IdempotencyKeyReused, match="idempotency key 'k' belongs to a different batch") as error:
+            ws.apply(iter(other), idempotency_key="k")
+        assert error.value.key == "k"
+        assert isinstance(error.value, StoreError)
+    assert disk_versions(tmp_path / "s") == versions
+    assert ws.table("events").collect()["name"].to_list() == ["played"]
+    # the same requests, as JSON text or from a generator, still answer the stored responses
+    again = [{"method": "post", "path": TRACK, "body": orjson.dumps(ev("played")).decode(), "query": None}]
+    assert open_ws(tmp_path / "s").apply(again, idempotency_key="k") == first
+    assert ws.apply(iter(batch), idempotency_key="k") == first
+
+
+def test_a_key_stored_before_digests_replays_as_before(tmp_path: Path) -> None:
+    ws = open_ws(tmp_path / "s")
+    first = ws.apply([{"method": "POST", "path": TRACK, "body": ev("played")}], idempotency_key="old")
+    # the ledger as an older engagelake wrote it: no digest column
+    ledger = pl.read_delta(str(tmp_path / "s" / LEDGER)).drop("digest")
+    write_deltalake(str(tmp_path / "s" / LEDGER), ledger.to_arrow(compat_level=pl.CompatLevel.oldest()),
+                    mode="overwrite", schema_mode="overwrite")
+    reopened = open_ws(tmp_path / "s")
+    other = [{"method": "POST", "path": TRACK, "body": ev("skipped")}]
+    assert reopened.apply(other, idempotency_key="old") == first  # no digest: accepted as before
+    assert reopened.table("events").collect()["name"].to_list() == ["played"]
+    # new keys get digests again (the ledger gains the column)
+    reopened.apply(other, idempotency_key="new")
+    with pytest.raises(IdempotencyKeyReused):
+        reopened.apply([{"method": "POST", "path": TRACK, "body": ev("played")}], idempotency_key="new")
 
 
 def test_without_a_key_the_same_event_twice_records_two_events(tmp_path: Path) -> None:

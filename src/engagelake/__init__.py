@@ -5,7 +5,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
-__all__ = ["Response", "Workspace", "__version__"]
+__all__ = ["IdempotencyKeyReused", "Response", "Workspace", "__version__"]
+
+from engagelake.errors import IdempotencyKeyReused  # light: no heavy imports
 
 if TYPE_CHECKING:
     from engagelake.routing import Response

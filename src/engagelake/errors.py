@@ -25,3 +25,17 @@ class ConfigError(EngagelakeError):
 
 class StaleStoreError(StoreError):
     """Another writer committed while a batch was being computed; recompute and retry."""
+
+
+class IdempotencyKeyReused(StoreError):
+    """`apply` got an idempotency key that a committed batch of different requests holds:
+    nothing was applied, and the stored responses (of the other batch) are not answered."""
+
+    def __init__(self, key: str, committed_at: object):
+        super().__init__(
+            f"idempotency key {key!r} belongs to a different batch, committed at {committed_at}; nothing "
+            "was applied. Send new requests with a new key; the same key answers only the same requests "
+            "(method, path, query and body, in order) again."
+        )
+        self.key = key
+        self.committed_at = committed_at

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import parse_qsl
 
 import polars as pl
 
@@ -81,6 +81,14 @@ def compile_pattern(pattern: str) -> re.Pattern[str]:
 
 
 def split_path(path: str) -> tuple[str, dict[str, Any]]:
-    """Normalized path and the query parameters written into it (`/x?a=1` -> `/x`, {a: "1"})."""
-    parts = urlsplit(path)
-    return "/" + parts.path.strip("/"), dict(parse_qsl(parts.query, keep_blank_values=True))
+    """Normalized path and the query parameters written into it (`/x?a=1` -> `/x`, {a: "1"}).
+    A path is a path, never a URL: `//[` or `//users/track` name no host (a URL parser would
+    raise on the first and read `users` as a host in the second)."""
+    path, _, query = path.partition("#")[0].partition("?")
+    return "/" + path.strip("/"), dict(parse_qsl(query, keep_blank_values=True))
+
+
+def printable(text: str) -> str:
+    """`text` as it can be echoed in a response: a lone surrogate (not encodable as UTF-8, so
+    not as JSON text) is written as its escape, `\\ud800`."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")

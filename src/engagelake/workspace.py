@@ -7,6 +7,10 @@ reads (exports see every earlier request of the batch), then commits the batch a
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
+import math
 import os
 import re
 import shutil
@@ -23,19 +27,27 @@ import polars as pl
 import polars.selectors as cs
 import pyarrow as pa
 
-from engagelake.errors import StaleStoreError, StoreError
+from engagelake.errors import IdempotencyKeyReused, StaleStoreError, StoreError
 from engagelake.resources import RESOURCE_ROUTES
 from engagelake.resources.campaigns import Campaigns
-from engagelake.resources.catalogs import Catalogs
+from engagelake.resources.catalogs import CHECKS_NUMBERS, Catalogs
 from engagelake.resources.credentials import Credentials
 from engagelake.resources.preference_centers import PreferenceCenters
 from engagelake.resources.scim import Scim
-from engagelake.routing import Context, Handler, Request, Response, compile_pattern, split_path
+from engagelake.routing import (
+    Context,
+    Handler,
+    Request,
+    Response,
+    compile_pattern,
+    printable,
+    split_path,
+)
 from engagelake.rules import messages as M
 from engagelake.rules.export import export_frame, export_ids
 from engagelake.rules.identity.endpoints import IDENTITY_PATHS, apply_identity
 from engagelake.rules.identity.lineage import lineage_rows
-from engagelake.rules.profile.parse import parse_track
+from engagelake.rules.profile.parse import parse_track, without_requests
 from engagelake.rules.profile.track import apply_track
 from engagelake.rules.profile.validate import validate_track
 from engagelake.rules.state import Changes, State, apply_changes
@@ -85,9 +97,9 @@ def route_of(method: str, path: str) -> tuple[str | None, Response | None]:
         if regex.match(path):
             if method not in methods:
                 return None, Response(405, {"message": M.METHOD_NOT_ALLOWED.format(
-                    method=method, path=path, allowed=", ".join(methods))})
+                    method=printable(method), path=printable(path), allowed=", ".join(methods))})
             return pattern, None
-    return None, Response(404, {"message": M.NOT_FOUND.format(method=method, path=path)})
+    return None, Response(404, {"message": M.NOT_FOUND.format(method=printable(method), path=printable(path))})
 
 
 def _now() -> datetime:
@@ -95,9 +107,9 @@ def _now() -> datetime:
 
 
 class _Bad(Exception):
-    def __init__(self, status: int, message: str):
+    def __init__(self, status: int, message: str, body: dict[str, Any] | None = None):
         super().__init__(message)
-        self.response = Response(status, {"message": message})
+        self.response = Response(status, body or {"message": message})
 
 
 # One request as a batch keeps it: (endpoint, routed request, body as JSON text), or the
@@ -154,27 +166,126 @@ def _routed(request: Any) -> Routed:
     return endpoint, routed, text
 
 
+def _digest_line(request: Any, item: Routed) -> bytes:
+    """One request's line in the digest of a keyed batch: method, path, query (sorted) and the
+    body's JSON text (its key order kept: attribute order is meaningful); a request that routes
+    nowhere is digested as given."""
+    endpoint, routed, text = item
+    if isinstance(text, str):
+        method, path, query = str(request.get("method", "")).upper(), request["path"], request.get("query")
+        try:
+            head = orjson.dumps([method, path, query], option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS,
+                                default=repr)
+        except TypeError:  # a lone surrogate in the path or the query
+            head = repr([method, path, query]).encode("utf-8", "backslashreplace")
+        return head + b"\t" + text.encode() + b"\n"
+    return b"!" + repr(request).encode("utf-8", "backslashreplace") + b"\n"
+
+
 def _route(request: Any) -> tuple[str | Handler, Request, str]:
     """(endpoint, routed request, body as JSON text) of one request, or raise _Bad."""
     if not isinstance(request, dict) or not isinstance(request.get("path"), str):
-        raise _Bad(400, "a request must be an object with string method and path")
+        raise _Bad(400, M.BAD_REQUEST)
     method = str(request.get("method", "")).upper()
     path, query = split_path(request["path"])
+    extra = request.get("query")
+    if extra is not None and not (isinstance(extra, dict) and all(isinstance(k, str) for k in extra)):
+        raise _Bad(400, M.BAD_QUERY.format(kind=type(extra).__name__))
     found = next(((m, methods) for pattern, methods in ROUTES if (m := pattern.match(path))), None)
     if found is None:
-        raise _Bad(404, M.NOT_FOUND.format(method=method, path=path))
+        raise _Bad(404, M.NOT_FOUND.format(method=printable(method), path=printable(path)))
     match, methods = found
     if method not in methods:
-        raise _Bad(405, M.METHOD_NOT_ALLOWED.format(method=method, path=path, allowed=", ".join(methods)))
-    body = request.get("body")
+        raise _Bad(405, M.METHOD_NOT_ALLOWED.format(method=printable(method), path=printable(path),
+                                                    allowed=", ".join(methods)))
+    endpoint = methods[method]
+    body, text = _json_body(request.get("body"), method, endpoint)
+    # URL text reaches handlers that echo it: lone surrogates (no HTTP client can send one) escaped
+    query = {printable(k): printable(v) if isinstance(v, str) else v for k, v in {**query, **(extra or {})}.items()}
+    params = {k: printable(v) for k, v in match.groupdict().items()}
+    return endpoint, Request(method, path, body, params, query), text
+
+
+def _json_body(body: Any, method: str, endpoint: str | Handler) -> tuple[Any, str]:
+    """The body as data and as JSON text, or raise _Bad: not JSON, or holding a number JSON
+    text cannot carry (beyond a double's range, or NaN), which orjson would write as null."""
     try:
         if isinstance(body, str | bytes | bytearray | memoryview):
-            body = orjson.loads(body) if method != "GET" or body else None
-        text = orjson.dumps(body).decode()  # proves the body is plain JSON data
-    except (orjson.JSONDecodeError, TypeError):
+            body = _loads(body) if method != "GET" or body else None
+        data = orjson.dumps(body)  # proves the body is plain JSON data
+    except (orjson.JSONDecodeError, TypeError, ValueError):
         raise _Bad(400, M.BAD_JSON) from None
-    query = {**query, **(request.get("query") or {})}
-    return methods[method], Request(method, path, body, match.groupdict(), query), text
+    # only a body whose text holds null can have lost a number (a byte search, then a C encoder)
+    if b"null" in data and endpoint not in CHECKS_NUMBERS and (where := _non_finite(body)) is not None:
+        message = M.NON_FINITE_NUMBER.format(where=printable(where))
+        raise _Bad(400, message, {"message": message, "errors": [message]} if endpoint == "track" else None)
+    return body, data.decode()
+
+
+def _loads(text: str | bytes | bytearray | memoryview) -> Any:
+    """JSON text as data. A number beyond a double's range (`1e999`), which orjson refuses, is
+    read as an infinity, for the caller to refuse with where it is; NaN and Infinity literals
+    are not JSON."""
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError as error:
+        if "infinity" not in str(error):
+            raise
+
+        def no_constants(name: str) -> Any:
+            raise ValueError(name)
+
+        return json.loads(bytes(text) if isinstance(text, memoryview) else text, parse_constant=no_constants)
+
+
+def _non_finite(body: Any) -> str | None:
+    """Where the first number that is not finite sits in `body` (`attributes[0].score`), or None."""
+    try:
+        json.dumps(body, allow_nan=False)
+    except ValueError:
+        pass
+    else:
+        return None
+    stack: list[tuple[Any, str]] = [(body, "body")]
+    while stack:  # depth first, in document order; iterative: bodies may nest deep
+        node, where = stack.pop()
+        if isinstance(node, float) and not math.isfinite(node):
+            return where.removeprefix("body.")
+        if isinstance(node, dict):
+            stack.extend((value, f"{where}.{key}") for key, value in reversed(node.items()))
+        elif isinstance(node, list):
+            stack.extend((value, f"{where}[{i}]") for i, value in reversed(list(enumerate(node))))
+    return None
+
+
+def _as_json(responses: list[Response]) -> list[Response]:
+    """The responses exactly as their JSON text reads back, which is also what the ledger keeps
+    and a replay of the batch answers: never NaN, Infinity, datetimes or Python-only values.
+    Text that JSON cannot carry (a lone surrogate, a non-string key, an integer beyond 64 bits)
+    is escaped or written as text instead of failing the batch's commit."""
+    bodies = [r.body for r in responses]
+    try:
+        text = orjson.dumps(bodies)
+    except TypeError:
+        text = orjson.dumps([_encodable(body) for body in bodies])
+    return [Response(r.status, body) for r, body in zip(responses, orjson.loads(text), strict=True)]
+
+
+def _encodable(value: Any) -> Any:
+    """`value` with what JSON text cannot hold escaped (only for a body orjson refused)."""
+    try:
+        orjson.dumps(value)
+    except TypeError:
+        pass
+    else:
+        return value
+    if isinstance(value, str):
+        return printable(value)
+    if isinstance(value, dict):
+        return {printable(str(key)): _encodable(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_encodable(item) for item in value]
+    return printable(str(value))  # an integer beyond 64 bits, or an object JSON has no form for
 
 
 class _Batch:
@@ -285,6 +396,9 @@ class _Batch:
         })
         parsed = parse_track(bodies)
         valid = validate_track(parsed)
+        if valid.fatal.height:  # refused requests take no sequence numbers: validate the rest again
+            parsed = without_requests(parsed, valid.fatal["req"])
+            valid = dataclasses.replace(validate_track(parsed), fatal=valid.fatal)
         outcome = apply_track(self.state, parsed, valid, clock=self.clock, seed=self.seed)
         for req, (status, body) in outcome.responses.items():
             responses[pending[req][0]] = Response(status, body)
@@ -347,18 +461,28 @@ class Workspace:
         another writer's commit replays those), so a big batch need not exist as dicts."""
         source = iter(requests)
         seen = _Seen()
+        digest = hashlib.sha256()  # of the requests, for a keyed batch
 
         def routed() -> Iterator[Routed]:
             yield from seen.replay()  # a retry replays what the first attempt read
             for request in source:
-                yield seen.add(_routed(request))
+                item = _routed(request)
+                if idempotency_key is not None:
+                    digest.update(_digest_line(request, item))
+                yield seen.add(item)
 
         def attempt() -> list[Response]:
             if idempotency_key is not None:
                 stored = self.store.find_batch(idempotency_key)
                 if stored is not None:
-                    return [Response(s, b) for s, b in stored]
-            return self._run_batch(lambda batch: self._dispatch(batch, routed()), idempotency_key)
+                    if stored.digest is not None:  # null: a ledger row older than digests
+                        for _ in routed():  # read (and route) the rest of the batch, apply nothing
+                            pass
+                        if digest.hexdigest() != stored.digest:
+                            raise IdempotencyKeyReused(idempotency_key, stored.committed_at)
+                    return [Response(s, b) for s, b in stored.responses]
+            return self._run_batch(lambda batch: self._dispatch(batch, routed()), idempotency_key,
+                                   digest=digest.hexdigest)
 
         with seen:
             return self._retrying(attempt)
@@ -376,13 +500,14 @@ class Workspace:
                 continue
         raise StoreError(f"the store at {self.store.uri} kept changing under this batch; retry later")
 
-    def _run_batch(self, body: Callable[[_Batch], None], idempotency_key: str | None) -> list[Response]:
+    def _run_batch(self, body: Callable[[_Batch], None], idempotency_key: str | None, *,
+                   digest: Callable[[], str] | None = None) -> list[Response]:
         batch = _Batch(self.state, clock=self.clock(), seed=self.store.head.seed,
                        batch_id=idempotency_key or uuid.uuid4().hex, before_big=self.store.wait_for_merges)
         try:
             body(batch)
             batch.flush(last=True)
-            final = [r for r in batch.responses if r is not None]
+            final = _as_json([r for r in batch.responses if r is not None])
             assert len(final) == len(batch.responses)
             self.last_reads = batch.state.reads
             changes, index_entries_stored, staged = batch.to_commit()
@@ -391,6 +516,7 @@ class Workspace:
                     changes, key=idempotency_key, responses=[[r.status, r.body] for r in final],
                     next_profile_n=batch.state.next_profile_n, next_update_seq=batch.state.next_update_seq,
                     index_entries_stored=index_entries_stored, staged=staged,
+                    digest=digest() if digest is not None and idempotency_key is not None else None,
                 )
         finally:
             batch.close()

@@ -10,6 +10,7 @@ offending ID, or the ID of the offending item). Decisions: docs/catalogs.md.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
@@ -25,6 +26,7 @@ from engagelake.rules.state import Changes, State
 FIELD_TYPES = ("string", "number", "boolean", "time", "array", "object")
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9_-]+$")  # catalog names, field names and item IDs
 NUMBER_PATTERN = re.compile(r"^-?\d+(\.\d+)?([eE][+-]?\d+)?$", re.ASCII)
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 MAX_ITEMS = 50
 MAX_ID_LENGTH = 250
 MAX_VALUE_LENGTH = 5000
@@ -134,10 +136,11 @@ def catalog_not_found(name: str) -> Response:
 
 
 # --- value checks ------------------------------------------------------------------------------
-def inspect_nested(value: dict[str, Any] | list[Any]) -> tuple[int, bool]:
-    """(nesting depth, whether some object key holds '.' or '$') of an object or array value.
-    Iterative: a hostile value may nest deeper than Python's recursion limit."""
-    deepest, bad_keys = 0, False
+def inspect_nested(value: dict[str, Any] | list[Any]) -> tuple[int, bool, bool]:
+    """(nesting depth, whether some object key holds '.' or '$', whether some number is not
+    finite) of an object or array value. Iterative: a hostile value may nest deeper than
+    Python's recursion limit."""
+    deepest, bad_keys, non_finite = 0, False, False
     stack: list[tuple[Any, int]] = [(value, 1)]
     while stack:
         node, depth = stack.pop()
@@ -147,8 +150,12 @@ def inspect_nested(value: dict[str, Any] | list[Any]) -> tuple[int, bool]:
             children: Iterable[Any] = node.values()
         else:
             children = node
-        stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
-    return deepest, bad_keys
+        for child in children:
+            if isinstance(child, dict | list):
+                stack.append((child, depth + 1))
+            elif isinstance(child, float) and not math.isfinite(child):
+                non_finite = True
+    return deepest, bad_keys, non_finite
 
 
 def value_length(value: Any) -> int:
@@ -168,13 +175,13 @@ def coerce_value(field_type: str, value: Any) -> Any:
         if isinstance(value, str):
             return value
         if isinstance(value, bool | int | float):  # 12 -> "12", true -> "true"
-            return orjson.dumps(value).decode()
+            return orjson.dumps(_stored_number(value)).decode()
     elif field_type == "number":
         if isinstance(value, int | float) and not isinstance(value, bool):
-            return value
+            return _stored_number(value)
         if isinstance(value, str) and NUMBER_PATTERN.match(value.strip()):
             text = value.strip()
-            return int(text) if text.lstrip("-").isdigit() else float(text)
+            return _stored_number(int(text) if text.lstrip("-").isdigit() else float(text))
     elif field_type == "boolean":
         if isinstance(value, bool):
             return value
@@ -188,6 +195,17 @@ def coerce_value(field_type: str, value: Any) -> Any:
     elif field_type == "object" and isinstance(value, dict):
         return value
     raise Uncoercible(value)
+
+
+def _stored_number(value: int | float) -> int | float:
+    """A number as the store keeps it (JSON, 64-bit): an integer beyond 64 bits, or a float
+    beyond a double's range (`"1e999"`) or NaN, has no such form: it is not coerced (never
+    stored as null or rounded without a word)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise Uncoercible(value)
+    if isinstance(value, int) and not INT64_MIN <= value <= INT64_MAX:
+        raise Uncoercible(value)
+    return value
 
 
 def coerce_time(text: str) -> str:
@@ -209,12 +227,14 @@ def check_value(field: str, field_type: str, value: Any, item_id: Any, problems:
         note(problems, "items-too-large", field, item_id)
         return None
     if isinstance(value, dict | list):
-        depth, bad_keys = inspect_nested(value)
+        depth, bad_keys, non_finite = inspect_nested(value)
         if bad_keys:
             note(problems, "invalid-keys-in-value-object", field, item_id)
         if depth > MAX_NESTING:
             note(problems, "too-deep-nesting-in-value-object", field, item_id)
-        if bad_keys or depth > MAX_NESTING:
+        if non_finite:  # JSON has no Infinity or NaN: it would be stored as null
+            note(problems, "unable-to-coerce-value", field, item_id)
+        if bad_keys or depth > MAX_NESTING or non_finite:
             return None
     try:
         return coerce_value(field_type, value)
@@ -405,6 +425,9 @@ def get_catalogs(ctx: Context, req: Request) -> Response:
     return Response(200, {"catalogs": [describe_catalog(ctx.state, row) for row in rows], "message": SUCCESS})
 
 
+# Handlers that judge numbers JSON cannot carry (Infinity, NaN) themselves, with their own
+# error; the dispatch refuses those numbers for every other endpoint.
+CHECKS_NUMBERS: tuple[Handler, ...] = (put_items,)
 ROUTES: dict[str, dict[str, Handler]] = {
     "/catalogs": {"GET": get_catalogs, "POST": post_catalogs},
     "/catalogs/{catalog_name}/items": {"PUT": put_items, "DELETE": delete_items},

@@ -72,6 +72,12 @@ EXPORT_UNKNOWN_FIELDS = "unknown fields_to_export: {names}"
 NOT_FOUND = "no such endpoint: {method} {path}"
 METHOD_NOT_ALLOWED = "method {method} not allowed on {path}; allowed: {allowed}"
 BAD_JSON = "request body is not valid JSON"
+NON_FINITE_NUMBER = (
+    "invalid number at {where}: beyond the range of a 64-bit float (or NaN), which JSON cannot carry; "
+    "send a finite number, or the value as a string"
+)
+BAD_REQUEST = "a request must be an object with string method and path"
+BAD_QUERY = "query must be an object of query parameters (names are strings), not {kind}"
 
 # Profile fields settable through /users/track, in validation order.
 PROFILE_FIELD_ORDER = (

@@ -81,6 +81,9 @@ LEDGER_SCHEMA = {
     "seed": pl.String(),
     "responses": pl.String(),  # JSON [[status, body], ...]
     "kind": pl.String(),  # "batch" (null in stores older than the column), "merge" or "compaction"
+    # SHA-256 of a keyed batch's requests (null without a key, and in stores older than the
+    # column): a column of its own, kept when the responses go after their retention window
+    "digest": pl.String(),
 }
 # ledger rows that move rows between files and change no content: a batch that read the store
 # before one of them still holds (it is not stale)
@@ -145,6 +148,15 @@ def _batch_rows(name: str, ups: pl.DataFrame | None, dels: pl.DataFrame | None, 
 
 def _columns(rows: pl.DataFrame | None, columns: list[str]) -> pl.DataFrame | None:
     return None if rows is None else rows.select(columns)
+
+
+@dataclass(frozen=True)
+class StoredBatch:
+    """A committed batch found by its idempotency key."""
+
+    responses: list[Any]  # [[status, body], ...]
+    digest: str | None  # of its requests; None when the ledger row predates digests
+    committed_at: datetime
 
 
 @dataclass(frozen=True)
@@ -229,18 +241,19 @@ class DeltaStore:
         return DeltaTable(self._path(name)).version()
 
     def _append_ledger(self, batch_no: int, key: str | None, versions: dict[str, int], next_n: int,
-                       next_seq: int, seed: str, responses: list[Any], *, kind: str, create: bool = False) -> int | None:
+                       next_seq: int, seed: str, responses: list[Any], *, kind: str, create: bool = False,
+                       digest: str | None = None) -> int | None:
         """Append one ledger row; returns the ledger version it made (None when creating)."""
         row = pl.DataFrame(
             {
                 "batch_no": [batch_no], "batch_key": [key], "committed_at": [datetime.now(UTC)],
                 "versions": [orjson.dumps(versions).decode()], "next_profile_n": [next_n],
                 "next_update_seq": [next_seq], "seed": [seed],
-                "responses": [orjson.dumps(responses).decode()], "kind": [kind],
+                "responses": [orjson.dumps(responses).decode()], "kind": [kind], "digest": [digest],
             },
             schema=LEDGER_SCHEMA,
         )
-        # a ledger written before the `kind` column gains it here (its older rows read as null)
+        # a ledger written before the `kind` or `digest` column gains it here (older rows: null)
         if create:
             write_deltalake(self._path(LEDGER), row.to_arrow(), mode="append", schema_mode="merge")
             return None
@@ -438,15 +451,23 @@ class DeltaStore:
         self._settle_compaction()
         return Snapshot(self, self.head)
 
-    def find_batch(self, key: str) -> list[Any] | None:
-        """Stored responses of the committed batch with this idempotency key, if any."""
-        table = DeltaTable(self._path(LEDGER)).to_pyarrow_table(
-            columns=["responses"], filters=[("batch_key", "=", key)])  # reads only the matching row's data
-        return orjson.loads(table.column("responses")[0].as_py()) if table.num_rows else None
+    def find_batch(self, key: str) -> StoredBatch | None:
+        """The committed batch with this idempotency key, if any: its responses, the digest of
+        its requests (None in a ledger written before digests) and its commit time."""
+        table = DeltaTable(self._path(LEDGER))
+        present = {field.name for field in table.schema().fields}
+        rows = table.to_pyarrow_table(  # reads only the matching row's data
+            columns=[c for c in ("responses", "digest", "committed_at") if c in present],
+            filters=[("batch_key", "=", key)])
+        if not rows.num_rows:
+            return None
+        digest = rows.column("digest")[0].as_py() if "digest" in present else None
+        return StoredBatch(orjson.loads(rows.column("responses")[0].as_py()), digest,
+                           rows.column("committed_at")[0].as_py())
 
     def commit(self, changes: Changes, *, key: str | None, responses: list[Any], next_profile_n: int,
                next_update_seq: int, index_entries_stored: dict[str, pl.DataFrame] | None = None,
-               staged: Stages | None = None) -> None:
+               staged: Stages | None = None, digest: str | None = None) -> None:
         """Write one batch: every table's rows, then the ledger row that makes them visible.
         Raises StaleStoreError when another writer committed a batch since this one read the
         store (merges and compactions since then change no content: the batch still holds).
@@ -454,7 +475,8 @@ class DeltaStore:
         `index_entries_stored` names index entries the store holds already (those of stored
         rows the batch read): they are not written again. `staged` holds the batch's staged
         changes besides `changes`: its sorted tables stream from the stage files into their
-        runs, the others come through `changes` (`Stages.changes`)."""
+        runs, the others come through `changes` (`Stages.changes`). `digest`: of the batch's
+        requests, stored beside its key."""
         self.wait_for_merges()
         base = self.head.content_batch
         with self._writer_lock():
@@ -464,7 +486,7 @@ class DeltaStore:
             self._recover()
             self._write_batch(changes, key=key, responses=responses, next_profile_n=next_profile_n,
                               next_update_seq=next_update_seq, index_entries_stored=index_entries_stored or {},
-                              staged=staged)
+                              staged=staged, digest=digest)
         if self._merge_due:
             try:
                 self._start_merges()
@@ -546,7 +568,7 @@ class DeltaStore:
 
     def _write_batch(self, changes: Changes, *, key: str | None, responses: list[Any], next_profile_n: int,
                      next_update_seq: int, index_entries_stored: dict[str, pl.DataFrame],
-                     staged: Stages | None) -> None:
+                     staged: Stages | None, digest: str | None) -> None:
         batch_no = self.head.batch_no + 1
         versions = dict(self.head.versions)
         streamed = staged.streamed() if staged is not None else set()
@@ -580,7 +602,7 @@ class DeltaStore:
         _failpoint("before_ledger")
         try:
             mine = self._append_ledger(batch_no, key, versions, next_profile_n, next_update_seq, self.head.seed,
-                                       responses, kind="batch")
+                                       responses, kind="batch", digest=digest)
         except Exception as error:
             # delta-rs may raise after its commit (a checkpoint it writes after the log entry):
             # a batch whose ledger row landed is committed, and saying otherwise would get it

@@ -165,6 +165,21 @@ def _shifted(part: ParsedTrack, seq: int) -> ParsedTrack:
                                         for f in ("objects", "pairs", "tokens", "groups")))
 
 
+def without_requests(parsed: ParsedTrack, reqs: pl.Series) -> ParsedTrack:
+    """`parsed` without the objects of the requests `reqs` (refused whole by a fatal check),
+    the others renumbered `seq` 0.. in the same order: a refused request takes no `seq`, so it
+    leaves no trace in the store's `update_seq` counter. `requests` keeps every request."""
+    kept = parsed.objects.filter(~pl.col("req").is_in(reqs.implode()))
+    renumber = kept.select("seq", new_seq=pl.int_range(pl.len()).cast(kept.schema["seq"]))
+
+    def renumbered(frame: pl.DataFrame) -> pl.DataFrame:
+        return (frame.join(renumber, on="seq", how="inner", maintain_order="left")
+                .with_columns(pl.col("new_seq").alias("seq")).drop("new_seq"))
+
+    return ParsedTrack(parsed.requests, renumbered(kept),
+                       *(renumbered(getattr(parsed, f)) for f in ("pairs", "tokens", "groups")))
+
+
 def _parse_chunk(con: duckdb.DuckDBPyConnection, bodies: pa.Table) -> ParsedTrack:
     con.register("bodies", bodies)
     con.execute(_REQUESTS_SQL)
