@@ -12,9 +12,11 @@ import hashlib
 import json
 import math
 import os
+import random
 import re
 import shutil
 import tempfile
+import time
 import uuid
 import weakref
 from collections.abc import Callable, Iterable, Iterator
@@ -70,6 +72,8 @@ TRACK_RUN_MAX = 2000
 # After a pass, a batch holding at least this many changed rows stages them to local files
 # (`store/staging.py`) and reads them back as it needs them: memory follows the pass.
 STAGE_ROWS = 100_000
+# how long a batch waits out other writers by default (`Workspace.open(retry_for=...)`)
+RETRY_FOR_S = 60.0
 SEEN_SPOOL_BYTES = 16 << 20  # request text a batch keeps in memory for a retry (see `_Seen`)
 # Endpoints the workspace runs itself: track passes, export reads, identity runs.
 USER_ROUTES: dict[str, dict[str, str]] = {
@@ -409,8 +413,9 @@ class Workspace:
     """A customer-engagement store and the API over it."""
 
     def __init__(self, store: DeltaStore, clock: Clock, *, fields_required: bool,
-                 memory_limit: str | None = None):
+                 memory_limit: str | None = None, retry_for: float = RETRY_FOR_S):
         self.store = store
+        self.retry_for = retry_for  # how long a batch waits out other writers
         self.clock = clock
         self.fields_required = fields_required
         self.memory_limit = memory_limit or os.environ.get(MEMORY_ENV) or None
@@ -420,14 +425,16 @@ class Workspace:
 
     @classmethod
     def open(cls, uri: str | Path, *, clock: Clock | None = None, seed: str | None = None,
-             fields_required: bool = True, memory_limit: str | None = None) -> Workspace:
+             fields_required: bool = True, memory_limit: str | None = None,
+             retry_for: float = RETRY_FOR_S) -> Workspace:
         """Open (or create) the store at `uri`. `clock()` gives aware datetimes; `seed` fixes
         the service_id sequence of a new store; `fields_required` is the export setting;
         `memory_limit` (e.g. "2GB", default `$ENGAGELAKE_MEMORY_LIMIT`) bounds the DuckDB
         work of run merges, compaction, `duckdb()`, `sql()` and the CLI's `sql`, which spill
-        beyond it."""
+        beyond it. A batch that another writer overtakes runs again holding the store's writer
+        lock; `retry_for` bounds how long it waits for other writers, in seconds."""
         return cls(DeltaStore(uri, seed=seed), clock or _now, fields_required=fields_required,
-                   memory_limit=memory_limit)
+                   memory_limit=memory_limit, retry_for=retry_for)
 
     def close(self) -> None:
         """Wait for the run merges that follow the last commit (a process's exit waits for
@@ -493,12 +500,27 @@ class Workspace:
         self._retrying(lambda: self._run_batch(build, None))
 
     def _retrying(self, attempt: Callable[[], list[Response]]) -> list[Response]:
-        for _ in range(3):  # another writer may commit between our read and our commit
-            try:
-                return attempt()
-            except StaleStoreError:
-                continue
-        raise StoreError(f"the store at {self.store.uri} kept changing under this batch; retry later")
+        """Run `attempt` (a batch) optimistically; if another writer committed between its read
+        and its commit, run it again holding the store's writer lock, so that it cannot be
+        overtaken again (a store without a lock backs off and retries, with jitter). Gives up
+        after `retry_for` seconds."""
+        deadline = time.monotonic() + self.retry_for
+        try:
+            return attempt()
+        except StaleStoreError:
+            pass
+        delay = 0.01
+        while True:
+            with self.store.exclusive(max(deadline - time.monotonic(), 0.0)):
+                try:
+                    return attempt()
+                except StaleStoreError:
+                    pass
+            if time.monotonic() >= deadline:
+                raise StoreError(f"the store at {self.store.uri} kept changing under this batch for "
+                                 f"{self.retry_for:.0f} s; retry later")
+            time.sleep(random.uniform(delay / 2, delay))
+            delay = min(delay * 2, 1.0)
 
     def _run_batch(self, body: Callable[[_Batch], None], idempotency_key: str | None, *,
                    digest: Callable[[], str] | None = None) -> list[Response]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import random
 import signal
 import threading
 import time
@@ -201,6 +202,7 @@ class DeltaStore:
         # merges before `commit` returns (deterministic layouts for tests and scripts)
         self.background_merges = True
         self._merger: threading.Thread | None = None
+        self._exclusive_owner: int | None = None  # the thread inside `exclusive`
         self._merge_due: set[str] = set()  # tables the last commit left with runs to merge
         self.merge_errors: list[BaseException] = []  # a failed merge pass loses nothing (see merge_runs)
         # failures after a batch's ledger row landed: the batch is committed all the same
@@ -328,8 +330,9 @@ class DeltaStore:
 
     @contextmanager
     def _writer_lock(self) -> Iterator[None]:
-        """One writer at a time (an advisory lock file; local stores only)."""
-        if not self.local:
+        """One writer at a time (an advisory lock file; local stores only). A thread inside
+        `exclusive` holds it already."""
+        if not self.local or self._exclusive_owner == threading.get_ident():
             yield
             return
         with open(Path(self.uri) / "_writer.lock", "w") as handle:
@@ -337,6 +340,37 @@ class DeltaStore:
             try:
                 yield
             finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+    @contextmanager
+    def exclusive(self, timeout: float) -> Iterator[None]:
+        """Hold the writer lock for a whole batch, its reads and its commit, so that no other
+        writer commits in between: a batch that another writer overtook runs again inside,
+        and cannot be overtaken twice. Waits up to `timeout` seconds for the lock (polling,
+        with jitter), then raises `StoreError`. A store without a writer lock (object storage)
+        is not locked: the caller retries."""
+        if not self.local:
+            yield
+            return
+        # a run merge takes the lock too: joining one while holding the lock would never end
+        self.wait_for_merges()
+        deadline = time.monotonic() + timeout
+        with open(Path(self.uri) / "_writer.lock", "w") as handle:
+            while True:
+                try:
+                    fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        raise StoreError(
+                            f"other writers held the store at {self.uri} for more than {timeout:.0f} s; "
+                            "retry later, or open the workspace with a longer retry_for") from None
+                    time.sleep(random.uniform(0.005, 0.02))
+            self._exclusive_owner = threading.get_ident()
+            try:
+                yield
+            finally:
+                self._exclusive_owner = None
                 fcntl.flock(handle, fcntl.LOCK_UN)
 
     def refresh(self) -> bool:
