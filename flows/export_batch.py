@@ -93,7 +93,7 @@ def export_batch(
     """Export the users with the given external IDs (a list, or a file: a JSON array or one ID
     a line) into `out_dir`, in the order of the IDs; `fields` defaults to every export field."""
     logger = get_run_logger()
-    workspace = Workspace.open(store)
+    workspace = Workspace.open(store, create=False)  # an export never creates a store
     external_ids = load_identifiers(identifiers_file_or_list)
     fields_to_export = list(fields) if fields is not None else list(EXPORT_FIELDS)
     users: list[dict[str, Any]] = []
@@ -124,7 +124,7 @@ def export_all(
     """Export every user of the store into `out_dir`, ordered by `service_id`; `fields`
     defaults to every field."""
     logger = get_run_logger()
-    workspace = Workspace.open(store)
+    workspace = Workspace.open(store, create=False)  # an export never creates a store
     fields_to_export = list(fields) if fields is not None else list(EXPORT_FIELDS)
     ndjson_path, parquet_path, count = export_every_user(workspace, fields_to_export, out_dir, users_per_chunk)
     logger.info("exported all %d users to %s", count, out_dir)

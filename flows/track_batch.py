@@ -144,7 +144,7 @@ def identify_batch(
 def compact_store(store: str = "data/store") -> dict[str, int]:
     """Rewrite every table to its current rows and delete unreferenced files (deleted users'
     data leaves the disk). Returns the rows kept per table."""
-    return Workspace.open(store).compact()
+    return Workspace.open(store, create=False).compact()
 
 
 @flow(name="publish_current")
@@ -152,7 +152,7 @@ def publish_current(store: str = "data/store", out: str | None = None) -> dict[s
     """Write every table's current rows as plain Delta tables under `out` (default:
     `<store>/current`) for readers outside engagelake; run it after the batches it should show.
     Returns the rows per table."""
-    rows = Workspace.open(store).publish(out)
+    rows = Workspace.open(store, create=False).publish(out)
     get_run_logger().info("published %s rows in %d tables", f"{sum(rows.values()):,}", len(rows))
     return rows
 

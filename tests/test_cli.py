@@ -17,7 +17,7 @@ from engagelake.cli import app
 pytest_plugins = ["tests.prefect_harness"]
 
 runner = CliRunner()
-COMMANDS = ("demo", "apply", "export", "sql", "lineage", "compact", "publish")
+COMMANDS = ("demo", "apply", "export", "sql", "lineage", "compact", "publish", "check", "repair")
 HEAVY_MODULES = (
     "polars",
     "duckdb",
@@ -68,6 +68,7 @@ def test_demo_generates_applies_and_summarizes(demo_run: tuple[Path, str]) -> No
     assert ws.table("profiles").collect().height == 198
     assert set(ws.table("merges").collect()["outcome"]) == {"applied"} and ws.table("merges").collect().height == 2
     assert "Lineage: engagelake lineage user-000050" in output
+    assert f"creating a new store at {root / 'store'}" in output.replace("\n", "")
     events, purchases = ws.table("events").collect().height, ws.table("purchases").collect().height
     assert 0 < events and 0 < purchases
     summary = output[output.index("engagelake demo") :]
@@ -294,3 +295,60 @@ def test_publish_writes_current_rows_for_outside_readers(tmp_path: Path) -> None
     assert "to " + str(tmp_path / "store" / "current") in said and "profiles 2" in said
     profiles = pl.read_delta(str(tmp_path / "store" / "current" / "profiles"))
     assert sorted(profiles["first_name"].to_list(), key=str) == ["Ann", None]
+
+
+# --- check and repair ------------------------------------------------------------------------------
+def _two_batches(store: Path) -> None:
+    ws = Workspace.open(store)
+    ws.call("POST", "/users/track", {"attributes": [{"external_id": "a"}]})
+    ws.call("POST", "/users/track", {"attributes": [{"external_id": "b"}]})
+    ws.close()
+
+
+def test_check_a_healthy_store_exits_0(tmp_path: Path) -> None:
+    _two_batches(tmp_path / "store")
+    result = runner.invoke(app, ["check", "--store", str(tmp_path / "store")])
+    assert result.exit_code == 0, result.output
+    assert "healthy; head batch 2" in result.output and "PROBLEM" not in result.output
+
+
+def test_check_names_a_missing_data_file_and_repair_refuses(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    _two_batches(store)
+    lost = max((store / "profiles").glob("*.parquet"), key=lambda p: p.stat().st_mtime)
+    lost.unlink()
+
+    result = runner.invoke(app, ["check", "--store", str(store)])
+    assert result.exit_code == 1
+    assert f"PROBLEM {lost}: missing" in result.output.replace("\n", "")
+    result = runner.invoke(app, ["repair", "--store", str(store), "--yes"])
+    assert result.exit_code == 1 and "cannot be repaired safely" in result.stderr
+    result = runner.invoke(app, ["sql", "select count(*) from profiles", "--store", str(store)])
+    assert result.exit_code == 1 and lost.name in result.stderr and "Traceback" not in result.output
+
+
+def test_repair_shows_its_plan_asks_and_rolls_back(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    _two_batches(store)
+    max((store / "_ledger" / "_delta_log").glob("*.json")).unlink()  # the newest ledger entry
+
+    result = runner.invoke(app, ["check", "--store", str(store)])
+    assert result.exit_code == 1 and "holds the ledger row of batch 2" in result.output.replace("\n", "")
+    result = runner.invoke(app, ["repair", "--store", str(store)], input="n\n")
+    assert result.exit_code == 1 and "discard batch 2" in result.output and "nothing was changed" in result.stderr
+    assert runner.invoke(app, ["check", "--store", str(store)]).exit_code == 1
+    result = runner.invoke(app, ["repair", "--store", str(store)], input="y\n")
+    assert result.exit_code == 0, result.output
+    assert "roll profiles back from version 2 to version 1" in result.output and "healthy" in result.output
+    assert runner.invoke(app, ["repair", "--store", str(store)]).output.strip().endswith("nothing to repair")
+
+
+def test_reading_commands_never_create_a_store(tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "file").write_text("x")
+    for store, message in ((tmp_path / "empty", "no store at"), (tmp_path / "file", "is a file")):
+        result = runner.invoke(app, ["sql", "select 1", "--store", str(store)])
+        assert result.exit_code == 1 and message in result.stderr, result.output
+    assert list((tmp_path / "empty").iterdir()) == []
+    result = runner.invoke(app, ["demo", "--store", str(tmp_path / "file")])
+    assert result.exit_code == 1 and "is a file" in result.stderr

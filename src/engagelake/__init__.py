@@ -5,9 +5,19 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
-__all__ = ["IdempotencyKeyReused", "Response", "Workspace", "__version__"]
+__all__ = [
+    "IdempotencyKeyReused", "NotAStore", "Response", "StoreDamaged", "StoreError", "StoreExists", "StoreReadOnly",
+    "Workspace", "__version__",
+]  # fmt: skip
 
-from engagelake.errors import IdempotencyKeyReused  # light: no heavy imports
+from engagelake.errors import (  # light: no heavy imports
+    IdempotencyKeyReused,
+    NotAStore,
+    StoreDamaged,
+    StoreError,
+    StoreExists,
+    StoreReadOnly,
+)
 
 if TYPE_CHECKING:
     from engagelake.routing import Response

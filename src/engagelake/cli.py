@@ -1,5 +1,5 @@
 """The `engagelake` command line: `demo`, `apply`, `export`, `sql`, `lineage`, `compact`, `publish`,
-`serve`, `keys`, `scim-tokens`.
+`check`, `repair`, `serve`, `keys`, `scim-tokens`.
 
 Every command is a thin edge over `Workspace` (or, for `demo`, the `track_batch` flow, which
 calls `Workspace`). Heavy modules (polars, duckdb, deltalake, prefect) are imported inside the
@@ -48,7 +48,8 @@ Store = Annotated[
     typer.Option(
         "--store",
         "-s",
-        help="Store location: a folder or a URI. Created when missing by demo and apply.",
+        help="Store location: a folder or a URI. demo, apply, serve and the create commands make a new store "
+        "where the path is missing or an empty folder; no command makes one over other files.",
         envvar="ENGAGELAKE_STORE",
     ),
 ]
@@ -84,6 +85,12 @@ def demo(
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     with _input_errors():
+        from engagelake.store.delta import store_state
+
+        if store_state(store) == "new":  # refuses a file, or a folder of other things, before any work
+            _console().print(f"creating a new store at {store}")
+        else:
+            _console().print(f"adding to the store at {store} (its earlier batches stay)")
         paths, file_objects, seconds = _run_demo(
             users, objects, store, seed, requests_dir, per_file
         )
@@ -295,6 +302,68 @@ def publish(
     target = out or f"{store.rstrip('/')}/current"
     _console().print(f"published batch {workspace.store.head.batch_no} to {target}: "
                      + ", ".join(f"{name} {n:,}" for name, n in rows.items()))
+
+
+@app.command()
+def check(store: Store = DEFAULT_STORE) -> None:
+    """Verify a local store against its ledger: every table version the ledger names exists,
+    its Delta log entries parse, and every data file it references exists and its Parquet footer
+    reads. Prints one line per problem; exits 0 when the store is healthy, 1 otherwise.
+
+    Example: engagelake check --store data/store
+    """
+    with _input_errors():
+        from engagelake import Workspace
+        from engagelake.store.check import iter_lines
+
+        report = Workspace.check(store)
+    for line in iter_lines(report):
+        typer.echo(line)
+    if report.repairable and not report.unrepairable():
+        typer.echo(f"`engagelake repair --store {store}` would:")
+        for line in report.plan():
+            typer.echo(f"  {line}")
+    if not report.healthy:
+        raise typer.Exit(1)
+
+
+@app.command()
+def repair(
+    store: Store = DEFAULT_STORE,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Proceed without asking.")] = False,
+) -> None:
+    """Undo what a dead or damaged commit left, where nothing committed and readable is lost:
+    roll tables back to the versions the ledger names, and move torn log entries and lost ledger
+    rows aside into STORE/_repaired/. Prints the plan and asks first (--yes: does not ask).
+    Missing or unreadable files that committed data needs are not repairable: restore them from
+    a backup.
+
+    Example: engagelake repair --store data/store
+    """
+    with _input_errors():
+        from engagelake import Workspace
+        from engagelake.store.check import iter_lines
+
+        report = Workspace.check(store)
+        if blocking := report.unrepairable():
+            for line in iter_lines(report):
+                typer.echo(line)
+            _fail(f"{len(blocking)} problem(s) cannot be repaired safely: restore the files named from a backup; "
+                  "nothing was changed")
+        if not report.repairable:
+            typer.echo(f"{store}: nothing to repair")
+            return
+        typer.echo(f"repair will, in {store}:")
+        for line in report.plan():
+            typer.echo(f"  {line}")
+        if not yes and not typer.confirm("Proceed?", default=False):
+            _fail("nothing was changed")
+        Workspace.repair(store)
+        after = Workspace.check(store)
+    for line in iter_lines(after):
+        typer.echo(line)
+    if not after.healthy:
+        raise typer.Exit(1)
 
 
 # --- the REST server and its credentials ------------------------------------------------------------
@@ -596,7 +665,7 @@ def _open_existing(store: str) -> Workspace:
         _fail(
             f"no store at {store!r}; pass --store PATH, or create one with `engagelake demo` or `engagelake apply FILE`"
         )
-    return Workspace.open(store)
+    return Workspace.open(store, create=False)
 
 
 def _parse_fields(fields: str | None) -> list[str] | None:

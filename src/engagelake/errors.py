@@ -19,6 +19,24 @@ class StoreError(EngagelakeError):
     """The store cannot be read or written as expected."""
 
 
+class NotAStore(StoreError):
+    """The path holds no engagelake store (a file, a folder of other things, or nothing where a
+    store must exist); nothing was created or changed there."""
+
+
+class StoreExists(StoreError):
+    """`Workspace.create` found a store where it was asked to make a new one."""
+
+
+class StoreDamaged(StoreError):
+    """A store whose ledger, Delta logs or data files are missing or unreadable. The message
+    names the file and what to do (`engagelake check`, a backup, `engagelake repair`)."""
+
+
+class StoreReadOnly(StoreError):
+    """A write to a store the process may not write (a read-only folder or file system)."""
+
+
 class ConfigError(EngagelakeError):
     """A setting or argument is wrong; the message says what to fix."""
 

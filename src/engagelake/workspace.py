@@ -8,6 +8,7 @@ reads (exports see every earlier request of the batch), then commits the batch a
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import math
@@ -15,6 +16,7 @@ import os
 import random
 import re
 import shutil
+import sys
 import tempfile
 import time
 import uuid
@@ -22,14 +24,20 @@ import weakref
 from collections.abc import Callable, Iterable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 import orjson
 import polars as pl
 import polars.selectors as cs
 import pyarrow as pa
 
-from engagelake.errors import IdempotencyKeyReused, StaleStoreError, StoreError
+from engagelake.errors import (
+    EngagelakeError,
+    IdempotencyKeyReused,
+    StaleStoreError,
+    StoreError,
+    StoreExists,
+)
 from engagelake.resources import RESOURCE_ROUTES
 from engagelake.resources.campaigns import Campaigns
 from engagelake.resources.catalogs import CHECKS_NUMBERS, Catalogs
@@ -54,13 +62,15 @@ from engagelake.rules.profile.track import apply_track
 from engagelake.rules.profile.validate import validate_track
 from engagelake.rules.state import Changes, State, apply_changes
 from engagelake.store import scratch
-from engagelake.store.delta import DeltaStore
+from engagelake.store.delta import DeltaStore, store_state
 from engagelake.store.staging import StagedSource, Stages
 from engagelake.tables.credentials import UNPUBLISHED
 from engagelake.tables.schema import TABLES
 
 if TYPE_CHECKING:
     import duckdb  # imported where used: a process that only reads never loads it
+
+    from engagelake.store.check import Report
 
 Clock = Callable[[], datetime]
 MEMORY_ENV = "ENGAGELAKE_MEMORY_LIMIT"
@@ -108,6 +118,38 @@ def route_of(method: str, path: str) -> tuple[str | None, Response | None]:
 
 def _now() -> datetime:
     return datetime.now(UTC)
+
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+def _errors_below() -> tuple[type[BaseException], ...]:
+    """What the libraries under the store raise when a file is missing or unreadable."""
+    from deltalake.exceptions import DeltaError
+
+    below: list[type[BaseException]] = [OSError, DeltaError, pl.exceptions.PolarsError, pa.ArrowException]
+    if (duck := sys.modules.get("duckdb")) is not None:  # loaded by whoever read through DuckDB
+        below += [duck.IOException, duck.InvalidInputException]
+    return tuple(below)
+
+
+def _store_errors(method: Callable[P, T]) -> Callable[P, T]:
+    """A Workspace method whose failures below the store become StoreError: StoreDamaged
+    naming the file at fault, StoreReadOnly for a refused write (`DeltaStore.damaged`)."""
+
+    @functools.wraps(method)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
+        try:
+            return method(*args, **kwargs)
+        except EngagelakeError:
+            raise
+        except _errors_below() as error:
+            workspace = args[0]
+            assert isinstance(workspace, Workspace)
+            raise workspace.store.damaged(error) from error
+
+    return wrapper
 
 
 class _Bad(Exception):
@@ -425,16 +467,49 @@ class Workspace:
 
     @classmethod
     def open(cls, uri: str | Path, *, clock: Clock | None = None, seed: str | None = None,
-             fields_required: bool = True, memory_limit: str | None = None,
+             fields_required: bool = True, memory_limit: str | None = None, create: bool = True,
              retry_for: float = RETRY_FOR_S) -> Workspace:
-        """Open (or create) the store at `uri`. `clock()` gives aware datetimes; `seed` fixes
-        the service_id sequence of a new store; `fields_required` is the export setting;
-        `memory_limit` (e.g. "2GB", default `$ENGAGELAKE_MEMORY_LIMIT`) bounds the DuckDB
-        work of run merges, compaction, `duckdb()`, `sql()` and the CLI's `sql`, which spill
-        beyond it. A batch that another writer overtakes runs again holding the store's writer
-        lock; `retry_for` bounds how long it waits for other writers, in seconds."""
-        return cls(DeltaStore(uri, seed=seed), clock or _now, fields_required=fields_required,
+        """Open the store at `uri`. Where there is none yet, a path that does not exist or an
+        empty folder, a new store is created there; `create=False` raises NotAStore instead.
+        A folder that holds anything else is never made a store: a file or a folder of other
+        things raises NotAStore, tables without a ledger (or another damage) StoreDamaged.
+        `clock()` gives aware datetimes; `seed` fixes the service_id sequence of a new store;
+        `fields_required` is the export setting; `memory_limit` (e.g. "2GB", default
+        `$ENGAGELAKE_MEMORY_LIMIT`) bounds the DuckDB work of run merges, compaction,
+        `duckdb()`, `sql()` and the CLI's `sql`, which spill beyond it. A batch that another
+        writer overtakes runs again holding the store's writer lock; `retry_for` bounds how
+        long it waits for other writers, in seconds."""
+        return cls(DeltaStore(uri, seed=seed, create=create), clock or _now, fields_required=fields_required,
                    memory_limit=memory_limit, retry_for=retry_for)
+
+    @classmethod
+    def create(cls, uri: str | Path, *, clock: Clock | None = None, seed: str | None = None,
+               fields_required: bool = True, memory_limit: str | None = None,
+               retry_for: float = RETRY_FOR_S) -> Workspace:
+        """Create a new store at `uri` (a path that does not exist, or an empty folder) and open
+        it; raises StoreExists where a store is, NotAStore where other files are."""
+        if store_state(uri) == "store":
+            raise StoreExists(f"a store exists at {uri} already: open it with Workspace.open")
+        return cls.open(uri, clock=clock, seed=seed, fields_required=fields_required, memory_limit=memory_limit,
+                        retry_for=retry_for)
+
+    @staticmethod
+    def check(uri: str | Path) -> Report:
+        """Verify the local store at `uri` against its ledger (`engagelake check`): every table
+        version the ledger names, its log entries and every data file it references. Opens
+        nothing: a damaged store can be checked."""
+        from engagelake.store.check import check
+
+        return check(uri)
+
+    @staticmethod
+    def repair(uri: str | Path) -> Report:
+        """Do what `check(uri).plan()` says (`engagelake repair`): roll tables back to the
+        versions the ledger names, move aside torn log entries and lost ledger rows. Raises
+        StoreDamaged, changing nothing, when a problem needs a backup."""
+        from engagelake.store.check import repair
+
+        return repair(uri)
 
     def close(self) -> None:
         """Wait for the run merges that follow the last commit (a process's exit waits for
@@ -460,6 +535,7 @@ class Workspace:
         """One request: exactly `apply([request])[0]`."""
         return self.apply([{"method": method, "path": path, "body": body, "query": query}])[0]
 
+    @_store_errors
     def apply(self, requests: Iterable[dict[str, Any]], *, idempotency_key: str | None = None) -> list[Response]:
         """Apply many requests in order, as one atomic batch; same result as one by one.
 
@@ -494,6 +570,7 @@ class Workspace:
         with seen:
             return self._retrying(attempt)
 
+    @_store_errors
     def write(self, build: Callable[[Context], None]) -> None:
         """Run `build(ctx)` as a batch of its own (library-level loaders: directories, catalog
         definitions, campaigns): it reads `ctx.state` and writes with `ctx.write(changes)`."""
@@ -562,11 +639,13 @@ class Workspace:
                 assert callable(endpoint)
                 batch.responses[i] = endpoint(batch, routed)
 
+    @_store_errors
     def compact(self) -> dict[str, int]:
         """Compact the store (see `DeltaStore.compact`): afterwards the files hold only current
         rows, so a deleted user's data is gone from disk. Returns the rows kept per table."""
         return self.store.compact()
 
+    @_store_errors
     def publish(self, out: str | Path | None = None, *, tables: list[str] | None = None) -> dict[str, int]:
         """Write the current rows of every table (or of `tables`) as plain Delta tables under
         `out` (default: the store's `current` folder), for readers outside the library: Spark,
@@ -586,6 +665,7 @@ class Workspace:
                 shutil.rmtree(Path(target) / name, ignore_errors=True)
         return publish(self.store.snapshot(), target, names, self.memory_limit)
 
+    @_store_errors
     def lineage(self, identifier: str, *, kind: str = "external_id") -> pl.DataFrame:
         """Every lineage row of the profiles an identifier has named (now or in the past), and
         of the profiles merged with them, in order."""
@@ -642,6 +722,7 @@ class Workspace:
         weakref.finalize(con, shutil.rmtree, spill, True)
         return self.store.snapshot().duckdb(con)
 
+    @_store_errors
     def sql(self, query: str) -> pl.DataFrame:
         """Run DuckDB SQL over the current tables (named as in `table_names()`)."""
         con = self.duckdb()
@@ -653,6 +734,7 @@ class Workspace:
         # DuckDB labels aware timestamps with its session zone (Etc/UTC without ICU): say UTC
         return out.with_columns(cs.datetime(time_zone="*").dt.convert_time_zone("UTC"))
 
+    @_store_errors
     def export_users(self, fields_to_export: list[str] | None = None) -> list[dict[str, Any]]:
         """Every user, shaped as `/users/export/ids` shapes them, in creation order, in one
         list: for stores that fit in memory (`iter_users` streams)."""

@@ -61,7 +61,7 @@ class _Credentials:
     def ring(self) -> KeyRing:
         with self._lock:
             if self._ring is None or time.monotonic() - self._read_at > self.ttl:
-                self._reader = self._reader or Workspace.open(self.uri)
+                self._reader = self._reader or Workspace.open(self.uri, create=False)
                 self._ring = self._reader.credentials.key_ring()
                 self._read_at = time.monotonic()
             return self._ring

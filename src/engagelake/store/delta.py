@@ -11,10 +11,16 @@ change anything. Writers commit one at a time under a lock file; a writer holdin
 finds a table ahead of the ledger (left by a writer that died between the two steps) restores it
 to the ledger's version before appending, so the dead batch's rows are never published; the
 batch then simply runs again.
+
+Opening never creates a store where one is (`store_state`): a missing path or an empty folder
+gets a new store (unless `create=False`); a folder holding any table, Delta log or other file
+but no ledger is refused. Damage (a log entry or data file missing or unreadable) raises
+`StoreDamaged` naming the file; `store/check.py` is the `engagelake check` and `repair` behind it.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import random
@@ -23,7 +29,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import partial
@@ -36,7 +42,7 @@ import polars as pl
 import pyarrow as pa
 from deltalake import ColumnProperties, DeltaTable, WriterProperties, write_deltalake
 
-from engagelake.errors import StaleStoreError, StoreError
+from engagelake.errors import NotAStore, StaleStoreError, StoreDamaged, StoreError, StoreReadOnly
 from engagelake.store import merging
 from engagelake.store.footers import prune_indexes
 from engagelake.store.runs import (
@@ -103,6 +109,8 @@ PLAIN_COLUMNS: dict[str, tuple[str, ...]] = {
     **{index: tuple(SCHEMAS[index]) for index in INDEXES},
 }
 COMPACTING = "_compacting"  # marker file: a compaction is under way
+CREATING = "_creating"  # marker file: a store is being created (its ledger is written last)
+WRITER_LOCK = "_writer.lock"
 MERGE_ENV = "ENGAGELAKE_MERGE_TRIGGER"  # runs a table may hold before a batch merges (tuning, tests)
 
 
@@ -113,6 +121,87 @@ def writer(name: str) -> WriterProperties:
         return WRITER
     return WriterProperties(max_row_group_size=ROW_GROUP_ROWS, compression="SNAPPY",
                             column_properties={c: ColumnProperties(dictionary_enabled=False) for c in columns})
+
+
+def _has_log(table: Path) -> bool:
+    """Whether a local folder holds a Delta log with at least one entry or checkpoint."""
+    log = table / "_delta_log"
+    return log.is_dir() and any(p.suffix in (".json", ".parquet") for p in log.iterdir())
+
+
+def store_state(uri: str | Path) -> str:
+    """What is at `uri`: "store" (a ledger is there) or "new" (nothing, an empty folder, or a
+    creation that died before its ledger: a store may be created there). Raises NotAStore for a
+    file or a folder of other things, StoreDamaged for tables without a ledger: no store is
+    ever created over them."""
+    uri = str(uri)
+    if "://" in uri:
+        if DeltaTable.is_deltatable(f"{uri.rstrip('/')}/{LEDGER}"):
+            return "store"
+        if found := [n for n in STORED if DeltaTable.is_deltatable(f"{uri.rstrip('/')}/{n}")]:
+            raise StoreDamaged(_no_ledger(uri, found))
+        return "new"
+    root = Path(uri)
+    if not root.exists():
+        return "new"
+    if not root.is_dir():
+        raise NotAStore(f"{uri} is a file, not a store folder: pass the folder of a store, or a new path to "
+                        "create one there")
+    try:
+        entries = {p.name for p in root.iterdir()} - {WRITER_LOCK}
+    except PermissionError as error:
+        raise StoreError(f"cannot list the store folder {uri}: {error.strerror}") from error
+    if _has_log(root / LEDGER):
+        return "store"
+    if not entries or CREATING in entries:
+        return "new"
+    tables = [n for n in STORED if n in entries] + sorted(
+        n for n in entries if n not in STORED and (n == LEDGER or _has_log(root / n)))
+    if tables:
+        raise StoreDamaged(_no_ledger(uri, tables))
+    shown = ", ".join(sorted(entries)[:5]) + (", ..." if len(entries) > 5 else "")
+    raise NotAStore(f"{uri} holds files ({shown}) but no engagelake store, and no store is created there: "
+                    "pass the folder of a store, or an empty or new folder to create one")
+
+
+def _no_ledger(uri: str, tables: list[str]) -> str:
+    shown = ", ".join(tables[:5]) + (", ..." if len(tables) > 5 else "")
+    return (f"the store at {uri} has tables ({shown}) but no ledger ({LEDGER}/_delta_log): nothing says which "
+            f"of their versions are committed, so it is not opened and no new store is created over it. Restore "
+            f"{LEDGER} from a backup; `engagelake check --store {uri}` lists what is there")
+
+
+@contextmanager
+def writer_lock(root: Path, timeout: float | None = None) -> Iterator[None]:
+    """One writer at a time: an advisory lock file in a local store. A store the process may
+    not write raises StoreReadOnly. With a `timeout` (seconds) the lock is polled, with
+    jitter, and a writer that holds it longer raises StoreError."""
+    try:
+        handle = open(root / WRITER_LOCK, "w")  # noqa: SIM115 - closed below, after the lock is released
+    except OSError as error:
+        if error.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+            raise StoreReadOnly(f"the store at {root} is read-only ({error.strerror}): it can be read, not "
+                                "written") from error
+        raise
+    with handle:
+        if timeout is None:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        else:
+            deadline = time.monotonic() + timeout
+            while True:
+                try:
+                    fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        raise StoreError(
+                            f"other writers held the store at {root} for more than {timeout:.0f} s; "
+                            "retry later, or open the workspace with a longer retry_for") from None
+                    time.sleep(random.uniform(0.005, 0.02))
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _failpoint(name: str) -> None:
@@ -175,19 +264,30 @@ class Head:
 class DeltaStore:
     """Thin layer over `deltalake`: table paths, reads at pinned versions, the commit protocol."""
 
-    def __init__(self, uri: str | Path, *, seed: str | None = None, memory_limit: str | None = None):
+    def __init__(self, uri: str | Path, *, seed: str | None = None, memory_limit: str | None = None,
+                 create: bool = True):
+        """Open the store at `uri`; where `store_state` finds none (a new path or an empty
+        folder) create one, or with `create=False` raise NotAStore."""
         self.uri = str(uri)
         self.local = "://" not in self.uri  # a folder: file locks, markers and footer indexes work
         self.footers = FooterCache(root=self.uri if self.local else None)
         self.memory_limit = memory_limit
         self.merge_trigger = int(os.environ.get(MERGE_ENV) or merging.MERGE_TRIGGER)
-        if self.local:
-            Path(self.uri).mkdir(parents=True, exist_ok=True)
-        if not DeltaTable.is_deltatable(self._path(LEDGER)):
+        if store_state(self.uri) == "new":
+            if not create:
+                raise NotAStore(f"no store at {self.uri}: pass the folder of a store (`Workspace.create` or "
+                                "`engagelake demo`/`apply` make one)")
             self._create(seed or uuid.uuid4().hex)
+        elif self.local and (Path(self.uri) / CREATING).exists():
+            self._end_creation()  # the ledger landed: the store is whole
         self._ledger_table: DeltaTable | None = None
         self._ledger_version = -1
-        self.head = self._read_head()
+        try:
+            self.head = self._read_head()
+        except StoreError:
+            raise
+        except Exception as error:  # noqa: BLE001 - deltalake's own errors: translated or re-raised
+            raise self.damaged(error) from error
         # the caches below are filled by probes that may run side by side (`State.prefetch`)
         self._cache_lock = threading.RLock()
         self._files: dict[tuple[str, int], list[str]] = {}  # data files per table version
@@ -223,8 +323,43 @@ class DeltaStore:
         return f"{self.uri.rstrip('/')}/{name}"
 
     def _create(self, seed: str) -> None:
+        """Every table empty, then the ledger; a marker file says a creation is under way, so
+        that a creation that died before its ledger is done again, not taken for damage."""
+        if self.local:
+            try:
+                Path(self.uri).mkdir(parents=True, exist_ok=True)
+                (Path(self.uri) / CREATING).touch()
+            except OSError as error:
+                raise StoreError(f"cannot create a store at {self.uri}: {error.strerror}") from error
         versions = {name: self._create_table(name) for name in STORED}
+        _failpoint("create:before_ledger")
         self._append_ledger(0, None, versions, 0, 0, seed, [], kind="batch", create=True)
+        self._end_creation()
+
+    def _end_creation(self) -> None:
+        if self.local:
+            with suppress(OSError):  # read-only: the next writer removes it
+                (Path(self.uri) / CREATING).unlink(missing_ok=True)
+
+    def damaged(self, error: BaseException) -> BaseException:
+        """The error to raise for `error`, raised by a read or write below: StoreReadOnly for a
+        write the file system refused, StoreDamaged naming the first problems `engagelake check`
+        finds, else `error` itself."""
+        if isinstance(error, OSError) and error.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+            where = error.filename or self.uri
+            return StoreReadOnly(f"the store at {self.uri} cannot be written ({error.strerror}: {where}): it can be "
+                                 "read, not written")
+        if not self.local:
+            return error
+        from engagelake.store import check  # only on this error path
+
+        report = check.check_store(self.uri)
+        if report.healthy:
+            return error
+        hint = (f"run `engagelake repair --store {self.uri}`" if not report.unrepairable()
+                else "restore the files named from a backup")
+        return StoreDamaged(f"the store at {self.uri} is damaged ({len(report.problems)} problem(s)); {hint}; "
+                            f"`engagelake check --store {self.uri}` lists every problem:\n{check.describe(report)}")
 
     def _latest(self, name: str) -> DeltaTable:
         """A table at its newest version, for a write under the writer lock: kept from the last
@@ -326,7 +461,24 @@ class DeltaStore:
                 continue
             table = DeltaTable(self._path(name))
             if table.version() > version:
+                self._refuse_lost_batch(head)
                 table.restore(version)
+
+    def _refuse_lost_batch(self, head: Head) -> None:
+        """Before a rollback: raise StoreDamaged when a ledger row file of a later batch is in no
+        ledger log entry (the entry was lost: rolling back would drop a committed batch). The
+        writer lock is held, so no live writer is between its row file and its log entry."""
+        if not self.local:
+            return
+        from engagelake.store import check  # only when a table is ahead of the ledger
+
+        if lost := check.lost_ledger_rows(Path(self.uri), DeltaTable(self._path(LEDGER)), head.batch_no):
+            path, batch = lost[0]
+            raise StoreDamaged(
+                f"the store at {self.uri} holds the ledger row of batch {batch} ({path}) but no ledger log entry "
+                f"for it: the ledger's newest log entry was deleted or lost, and rolling the tables back would drop "
+                f"the batch. Restore the entry from a backup, or see `engagelake check --store {self.uri}` and "
+                f"`engagelake repair --store {self.uri}` (which discards batch {batch})")
 
     @contextmanager
     def _writer_lock(self) -> Iterator[None]:
@@ -335,12 +487,8 @@ class DeltaStore:
         if not self.local or self._exclusive_owner == threading.get_ident():
             yield
             return
-        with open(Path(self.uri) / "_writer.lock", "w") as handle:
-            fcntl.flock(handle, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(handle, fcntl.LOCK_UN)
+        with writer_lock(Path(self.uri)):
+            yield
 
     @contextmanager
     def exclusive(self, timeout: float) -> Iterator[None]:
@@ -354,24 +502,12 @@ class DeltaStore:
             return
         # a run merge takes the lock too: joining one while holding the lock would never end
         self.wait_for_merges()
-        deadline = time.monotonic() + timeout
-        with open(Path(self.uri) / "_writer.lock", "w") as handle:
-            while True:
-                try:
-                    fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if time.monotonic() >= deadline:
-                        raise StoreError(
-                            f"other writers held the store at {self.uri} for more than {timeout:.0f} s; "
-                            "retry later, or open the workspace with a longer retry_for") from None
-                    time.sleep(random.uniform(0.005, 0.02))
+        with writer_lock(Path(self.uri), timeout):
             self._exclusive_owner = threading.get_ident()
             try:
                 yield
             finally:
                 self._exclusive_owner = None
-                fcntl.flock(handle, fcntl.LOCK_UN)
 
     def refresh(self) -> bool:
         """True when another writer committed since we last looked (then the head is re-read).

@@ -86,7 +86,7 @@ def read_footer(path: str) -> tuple[Footer, pq.FileMetaData]:
         f.seek(-8, 2)
         length, magic = struct.unpack("<I4s", f.read(8))
         if magic != MAGIC:
-            raise ValueError(f"{path} is not a Parquet file (no {MAGIC!r} at its end)")
+            raise pa.ArrowInvalid(f"{path} is not a Parquet file (no {MAGIC!r} at its end)")  # a ValueError
         offset = f.seek(-8 - length, 2)
         raw = f.read(length)
     metadata = _parse(raw)
