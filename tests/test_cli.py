@@ -203,9 +203,12 @@ def test_apply_applies_files_once_and_summarizes(tmp_path: Path) -> None:
     args = ["apply", str(path), "--store", str(tmp_path / "store")]
 
     first = runner.invoke(app, args)
-    second = runner.invoke(app, args)
+    second = runner.invoke(app, [*args, "--allow-errors"])
 
-    assert first.exit_code == 0 and second.exit_code == 0, first.output + second.output
+    # a rejected request: the batch commits, the rejection is named, the exit code says so
+    assert first.exit_code == 1 and second.exit_code == 0, first.output + second.output
+    assert "1 request(s) rejected (the others are committed); first 1:" in first.stdout
+    assert "batch.ndjson line 3: 400 " in first.stdout
     for result in (first, second):
         row = next(line for line in result.stdout.splitlines() if "batch.ndjson" in line)
         assert [cell.strip() for cell in row.split("│")[1:5]] == [
@@ -220,6 +223,22 @@ def test_apply_applies_files_once_and_summarizes(tmp_path: Path) -> None:
         for line in (tmp_path / "batch.responses.ndjson").read_bytes().splitlines()
     ]
     assert statuses == [201, 201, 400]
+
+
+def test_apply_of_accepted_requests_exits_0(tmp_path: Path) -> None:
+    path = tmp_path / "ok.ndjson"
+    path.write_bytes(orjson.dumps({"method": "POST", "path": "/users/track",
+                                   "body": {"attributes": [{"external_id": "u", "n": 1}]}}) + b"\n")
+    result = runner.invoke(app, ["apply", str(path), "--store", str(tmp_path / "store")])
+    assert result.exit_code == 0, result.output
+    assert "rejected" not in result.stdout
+
+
+def test_version_prints_the_installed_version() -> None:
+    from importlib.metadata import version
+
+    result = runner.invoke(app, ["--version"])
+    assert result.exit_code == 0 and result.stdout.strip() == f"engagelake {version('engagelake')}"
 
 
 def test_apply_an_empty_folder_is_a_red_error(tmp_path: Path) -> None:

@@ -38,6 +38,7 @@ app = typer.Typer(
 
 DEFAULT_STORE = "data/store"
 DEMO_REQUESTS = Path("data/demo/requests")
+REJECTIONS_SHOWN = 5  # rejected requests `apply` prints
 SAMPLE_FIELDS = [
     "external_id", "first_name", "email", "country", "language", "created_at",
     "custom_attributes", "custom_events", "purchases", "total_revenue",
@@ -53,6 +54,24 @@ Store = Annotated[
         envvar="ENGAGELAKE_STORE",
     ),
 ]
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        typer.echo(f"engagelake {version('engagelake')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(
+    _: Annotated[
+        bool,
+        typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit."),
+    ] = False,
+) -> None:
+    """engagelake: the customer-engagement REST API (/users/track, /users/export/ids, ...) as vectorized Polars/DuckDB rules over Delta Lake tables."""
 
 
 # --- commands ------------------------------------------------------------------------------------
@@ -116,10 +135,18 @@ def apply_files(
         ),
     ],
     store: Store = DEFAULT_STORE,
+    allow_errors: Annotated[
+        bool,
+        typer.Option("--allow-errors", help="Exit 0 even when some requests were rejected (4xx)."),
+    ] = False,
 ) -> None:
     """Apply request files to the store, one atomic batch per file, and print a summary.
 
     Each file is applied with the idempotency key "<file name>:<sha256>", so applying the same file again changes nothing and gives the same responses. Responses are written beside each file as <stem>.responses.ndjson.
+
+    A rejected request (4xx) does not stop the others: the batch commits, the first rejections are printed, and the command exits 1 unless --allow-errors is given.
+
+    Example: engagelake apply data/demo/requests --store data/store
     """
     from rich.table import Table
 
@@ -135,12 +162,15 @@ def apply_files(
         workspace = Workspace.open(store)
         table = Table("file", "requests", "statuses", "non-fatal errors", "seconds")
         table.columns[0].overflow = "fold"
+        rejected: list[tuple[str, int, int, str]] = []  # (file, line, status, message)
         for path in paths:
             batch = read_request_file(path)
             started = time.perf_counter()
             responses = workspace.apply(batch.iter_requests(), idempotency_key=batch.idempotency_key)
             applied = write_responses_file(batch, responses, seconds=time.perf_counter() - started)
             table.add_row(*_applied_row(applied))
+            rejected += [(path.name, line, r.status, _message(r.body))
+                         for line, r in enumerate(responses, 1) if r.status >= 400]
         with _console().status("Merging sorted runs"):  # they follow each commit, in a thread
             workspace.close()
     _console().print(table)
@@ -148,6 +178,14 @@ def apply_files(
         _console().print(f"[yellow]warning:[/yellow] merging sorted runs failed ({error}); nothing is lost, "
                          "the next batch merges again")
     _console().print("Responses are beside each file as <stem>.responses.ndjson.")
+    if rejected:
+        shown = rejected[:REJECTIONS_SHOWN]
+        _console().print(f"[red]{len(rejected):,} request(s) rejected[/red] (the others are committed); "
+                         f"first {len(shown)}:")
+        for name, line, status, message in shown:
+            _console().print(f"  {name} line {line}: {status} {message}", markup=False)
+        if not allow_errors:
+            raise typer.Exit(1)
 
 
 @app.command()
@@ -729,6 +767,12 @@ def _write_export(users: list[dict[str, Any]], out: Path) -> None:
 
     ndjson, parquet = write_users_files(users, out)
     _console().print(f"wrote {len(users):,} users to {ndjson} and {parquet}")
+
+
+def _message(body: Any) -> str:
+    """A rejected response's message, for one line of the summary."""
+    message = body.get("message") if isinstance(body, dict) else None
+    return str(message if message is not None else body)[:200]
 
 
 def _applied_row(applied: AppliedFile) -> tuple[str, ...]:
