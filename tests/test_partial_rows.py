@@ -229,18 +229,25 @@ UPDATES_BETWEEN_PASSES = [
 ]
 
 
-def test_a_staged_batch_of_updates_equals_a_held_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def _staged_and_held(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, batch: list[dict[str, Any]]) -> list[Any]:
+    """`batch` applied to a store with a stage after every request, and to a twin store that
+    holds every pass in memory: equal responses and equal final states. Returns the former."""
     monkeypatch.setattr(workspace, "STAGE_ROWS", 1)
     monkeypatch.setattr(workspace, "TRACK_RUN_MAX", 1)
     staged_ws = _store(tmp_path / "staged")
-    staged = staged_ws.apply(UPDATES_BETWEEN_PASSES)
+    staged = staged_ws.apply(batch)
     with pytest.MonkeyPatch.context() as held_mode:
         held_mode.setattr(workspace, "STAGE_ROWS", 10**9)
         held_ws = _store(tmp_path / "held")
-        held = held_ws.apply(UPDATES_BETWEEN_PASSES)
+        held = held_ws.apply(batch)
     assert staged == held
-    assert staged[3].body["users"][0]["external_id"] == "u1" and staged[4].body["users"] == []
     assert final_state(staged_ws) == final_state(held_ws)
+    return staged
+
+
+def test_a_staged_batch_of_updates_equals_a_held_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    staged = _staged_and_held(tmp_path, monkeypatch, UPDATES_BETWEEN_PASSES)
+    assert staged[3].body["users"][0]["external_id"] == "u1" and staged[4].body["users"] == []
 
 
 # partial rows of committed users that a batch stages: folded across stages, and under probes
@@ -259,22 +266,13 @@ PARTIAL_ACROSS_STAGES = [
 
 
 def test_staged_partial_rows_stay_partial_and_fold_when_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(workspace, "STAGE_ROWS", 1)
-    monkeypatch.setattr(workspace, "TRACK_RUN_MAX", 1)
-    staged_ws = _store(tmp_path / "staged")
-    staged = staged_ws.apply(PARTIAL_ACROSS_STAGES)
-    with pytest.MonkeyPatch.context() as held_mode:
-        held_mode.setattr(workspace, "STAGE_ROWS", 10**9)
-        held_ws = _store(tmp_path / "held")
-        held = held_ws.apply(PARTIAL_ACROSS_STAGES)
-    assert staged == held
+    staged = _staged_and_held(tmp_path, monkeypatch, PARTIAL_ACROSS_STAGES)
     [u2] = staged[3].body["users"]
     assert (u2["external_id"], u2["last_name"], u2["first_name"]) == ("u2", "M", "F2")
     [u1] = staged[4].body["users"]
     assert (u1["external_id"], u1["first_name"], "last_name" in u1) == ("u1", "A", False)
     assert staged[5].body["users"] == []
     assert [u["external_id"] for u in staged[7].body["users"]] == ["u2"]
-    assert final_state(staged_ws) == final_state(held_ws)
 
 
 def test_a_staged_batch_of_field_sets_reads_no_profile(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
