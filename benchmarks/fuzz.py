@@ -80,7 +80,7 @@ def main() -> None:
 
     crash = None
     if not args.no_crash_tests:
-        crash = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:randomly",
+        crash = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:randomly",
                                   "tests/test_store_crash.py"], cwd=ROOT, stdout=subprocess.PIPE,
                                  stderr=subprocess.STDOUT, text=True)
     with tempfile.TemporaryDirectory() as folder:
