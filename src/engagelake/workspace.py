@@ -55,6 +55,7 @@ from engagelake.routing import (
 )
 from engagelake.rules import messages as M
 from engagelake.rules.export import export_frame, export_ids
+from engagelake.rules.identity.cleanup import cleanup_push_profiles
 from engagelake.rules.identity.endpoints import IDENTITY_PATHS, apply_identity
 from engagelake.rules.identity.lineage import lineage_rows
 from engagelake.rules.profile.parse import parse_track, without_requests
@@ -638,6 +639,22 @@ class Workspace:
             else:
                 assert callable(endpoint)
                 batch.responses[i] = endpoint(batch, routed)
+
+    @_store_errors
+    def cleanup_push_profiles(self) -> int:
+        """The monthly check of `push_token_import`'s temporary anonymous profiles: delete, as
+        one batch, those that hold no push token any more (and gained no identifier), each
+        with a lineage row as `/users/delete` writes. Returns how many were deleted."""
+        deleted = 0
+
+        def body(batch: _Batch) -> None:
+            nonlocal deleted  # each attempt (a retry after another writer's commit) counts anew
+            outcome = cleanup_push_profiles(batch.state, clock=batch.clock, batch=batch.batch_id)
+            deleted = outcome.deleted.height
+            batch.write(outcome.changes, next_update_seq=outcome.next_update_seq)
+
+        self._retrying(lambda: self._run_batch(body, None))
+        return deleted
 
     @_store_errors
     def compact(self) -> dict[str, int]:
