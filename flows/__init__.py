@@ -10,6 +10,8 @@ every flow is safe to re-run.
 - `flows.track_batch.compact_store(store)`: rewrite tables to their current rows, drop old files.
 - `flows.track_batch.publish_current(store, out)`: write current rows as plain Delta tables for
   readers outside engagelake (Spark, DuckDB's `delta_scan`).
+- `flows.cleanup_push_tokens.cleanup_push_token_profiles(store)`: monthly, delete the temporary
+  anonymous profiles of `push_token_import` that hold no push token any more.
 - `flows.export_batch.export_batch(identifiers, out_dir, store)`: export users by external ID.
 - `flows.export_batch.export_all(out_dir, store)`: export every user of the store.
 """

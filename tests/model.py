@@ -1376,9 +1376,14 @@ class Model:
                 total += x["price"] * x["quantity"]
             full["total_revenue"] = float(round(total, 6))
         if p["push_tokens"]:
+            # DECISION: notifications are enabled unless the profile opted out of push
+            enabled = p["fields"].get("push_subscribe") != "unsubscribed"
             full["push_tokens"] = [
-                {"app": t["app_id"], "token": t["token"]}
+                {"app": t["app_id"]}
+                | ({"platform": platform} if (platform := token_platform(t["token"])) else {})
+                | {"token": t["token"]}
                 | ({"device_id": t["device_id"]} if t["device_id"] is not None else {})
+                | {"notifications_enabled": enabled}
                 for t in p["push_tokens"]
             ]
             devices = list(
@@ -1408,6 +1413,20 @@ class Model:
             }
             for name, times in sorted(by_name.items())
         ]
+
+
+def token_platform(token: str) -> str | None:
+    """DECISION: the platform of a push token from its shape: APNs hex (32 bytes or more),
+    FCM `<instance>:APA91b...`, a Web Push endpoint URL; anything else unknown."""
+    if len(token) >= 64 and len(token) % 2 == 0 and all(c in "0123456789abcdefABCDEF" for c in token):
+        return "iOS"
+    head, sep, tail = token.partition(":APA91b")
+    word = re.compile(r"[A-Za-z0-9_-]+")
+    if sep and word.fullmatch(head) and word.fullmatch(tail):
+        return "Android"
+    if token.startswith("https://"):
+        return "Web"
+    return None
 
 
 def _same_token(row: dict, t: dict) -> bool:

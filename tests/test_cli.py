@@ -17,7 +17,7 @@ from engagelake.cli import app
 pytest_plugins = ["tests.prefect_harness"]
 
 runner = CliRunner()
-COMMANDS = ("demo", "apply", "export", "sql", "lineage", "compact", "publish", "check", "repair")
+COMMANDS = ("demo", "apply", "export", "sql", "lineage", "compact", "cleanup-push-profiles", "publish", "check", "repair")
 HEAVY_MODULES = (
     "polars",
     "duckdb",
@@ -302,6 +302,17 @@ def test_compact_prints_the_rows_kept(tmp_path: Path) -> None:
     result = runner.invoke(app, ["compact", "--store", str(tmp_path / "store")])
     assert result.exit_code == 0, result.output
     assert "profiles 1" in result.output
+
+
+def test_cleanup_push_profiles_prints_how_many_went(tmp_path: Path) -> None:
+    ws = Workspace.open(tmp_path / "store")
+    tokens = [{"app_id": "app", "token": t} for t in ("T1", "T2")]
+    ws.call("POST", "/users/track", {"attributes": [{"push_token_import": True, "push_tokens": tokens}]})
+    ws.call("POST", "/users/track", {"attributes": [{"external_id": "u1", "push_tokens": tokens}]})
+    result = runner.invoke(app, ["cleanup-push-profiles", "--store", str(tmp_path / "store")])
+    assert result.exit_code == 0, result.output
+    assert "deleted 2 temporary" in result.output
+    assert ws.table("profiles").collect()["external_id"].to_list() == ["u1"]
 
 
 def test_publish_writes_current_rows_for_outside_readers(tmp_path: Path) -> None:

@@ -195,8 +195,8 @@ def test_the_freed_alias_and_push_token_can_be_used_again(two):
     r = export(two, ["service_id", "push_tokens"], user_aliases=[alias("ann")], external_ids=["b"])
     assert sorted(r.body["users"], key=lambda u: u["service_id"]) == sorted([
         {"service_id": service_id(2)},
-        {"service_id": service_id(1), "push_tokens": [{"app": "app", "token": "tb", "device_id": "d-tb"},
-                                                      {"app": "app", "token": "ta"}]},
+        {"service_id": service_id(1), "push_tokens": [{"app": "app", "token": "tb", "device_id": "d-tb", "notifications_enabled": True},
+                                                      {"app": "app", "token": "ta", "notifications_enabled": True}]},
     ], key=lambda u: u["service_id"])
 
 

@@ -397,10 +397,10 @@ def test_full_profile_export(ws):
         "attributed_ad": "ad",
         "custom_attributes": {"score": 7, "tags": ["a", "b"]},
         "push_tokens": [
-            {"app": "app", "token": "T1", "device_id": "d2"},
-            {"app": "app", "token": "T2", "device_id": "d1"},
-            {"app": "web", "token": "T3", "device_id": "d2"},
-            {"app": "web", "token": "T4"},
+            {"app": "app", "token": "T1", "device_id": "d2", "notifications_enabled": True},
+            {"app": "app", "token": "T2", "device_id": "d1", "notifications_enabled": True},
+            {"app": "web", "token": "T3", "device_id": "d2", "notifications_enabled": True},
+            {"app": "web", "token": "T4", "notifications_enabled": True},
         ],
         "devices": [{"device_id": "d2"}, {"device_id": "d1"}],
         "custom_events": [
@@ -425,12 +425,50 @@ def test_push_tokens_and_devices_keep_the_order_received(ws):
     track_ok(ws, attributes=[{"external_id": "u1", "push_tokens": received[2:]}])
     assert export_one(ws, "u1", ["push_tokens", "devices"]) == {
         "push_tokens": [
-            {"app": "web", "token": "Z9", "device_id": "dz"},
-            {"app": "app", "token": "B2", "device_id": "da"},
-            {"app": "app", "token": "A1", "device_id": "dz"},
+            {"app": "web", "token": "Z9", "device_id": "dz", "notifications_enabled": True},
+            {"app": "app", "token": "B2", "device_id": "da", "notifications_enabled": True},
+            {"app": "app", "token": "A1", "device_id": "dz", "notifications_enabled": True},
         ],
         "devices": [{"device_id": "dz"}, {"device_id": "da"}],
     }
+
+
+APNS = "ab" * 32
+FCM = "fGx1_-:APA91bHk_z"
+WEB_PUSH = "https://push.example.com/s/1"
+
+
+def test_push_tokens_name_the_platform_their_shape_shows(ws):
+    tokens = [{"app_id": "ios", "token": APNS}, {"app_id": "android", "token": FCM},
+              {"app_id": "web", "token": WEB_PUSH}, {"app_id": "ios", "token": APNS[:-2]},
+              {"app_id": "x", "token": "plain"}]
+    track_ok(ws, attributes=[{"external_id": "u1", "push_tokens": tokens}])
+    assert export_one(ws, "u1", ["push_tokens"])["push_tokens"] == [
+        {"app": "ios", "platform": "iOS", "token": APNS, "notifications_enabled": True},
+        {"app": "android", "platform": "Android", "token": FCM, "notifications_enabled": True},
+        {"app": "web", "platform": "Web", "token": WEB_PUSH, "notifications_enabled": True},
+        # 31 bytes of hex and an unknown shape: no platform
+        {"app": "ios", "token": APNS[:-2], "notifications_enabled": True},
+        {"app": "x", "token": "plain", "notifications_enabled": True},
+    ]
+
+
+@pytest.mark.parametrize(("state", "enabled"), [
+    (None, True), ("subscribed", True), ("opted_in", True), ("unsubscribed", False)])
+def test_notifications_are_enabled_unless_push_was_unsubscribed(ws, state, enabled):
+    track_ok(ws, attributes=[{"external_id": "u1", "push_subscribe": state,
+                              "push_tokens": [{"app_id": "ios", "token": APNS}]}])
+    assert export_one(ws, "u1", ["push_tokens"])["push_tokens"] == [
+        {"app": "ios", "platform": "iOS", "token": APNS, "notifications_enabled": enabled}]
+
+
+def test_notifications_follow_the_latest_push_subscription(ws):
+    track_ok(ws, attributes=[{"external_id": "u1", "push_subscribe": "unsubscribed",
+                              "push_tokens": [{"app_id": "web", "token": WEB_PUSH}]}])
+    track_ok(ws, attributes=[{"external_id": "u1", "push_subscribe": "opted_in"}])
+    assert export_one(ws, "u1", ["push_tokens"])["push_tokens"][0]["notifications_enabled"] is True
+    track_ok(ws, attributes=[{"external_id": "u1", "push_subscribe": "unsubscribed"}])
+    assert export_one(ws, "u1", ["push_tokens"])["push_tokens"][0]["notifications_enabled"] is False
 
 
 def test_random_bucket_follows_the_service_id(ws):

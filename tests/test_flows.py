@@ -14,10 +14,11 @@ from prefect.states import Failed
 
 from engagelake import Workspace
 from engagelake.demo import count_objects, generate_workload, write_request_files
-from engagelake.errors import ConfigError
+from engagelake.errors import ConfigError, NotAStore
 from engagelake.files import RequestFileError, read_request_file, read_responses_file
 from engagelake.rules.messages import EXPORT_FIELDS
 from flows._retry import is_transient_io_error
+from flows.cleanup_push_tokens import cleanup_push_token_profiles
 from flows.export_batch import export_all, export_batch
 from flows.track_batch import (
     compact_store,
@@ -372,3 +373,15 @@ def test_publish_current_writes_the_rows_readers_see(four_users: Path, tmp_path:
     published = pl.read_delta(str(tmp_path / "out" / "profiles"))
     assert rows["profiles"] == published.height == 3
     assert sorted(published["external_id"]) == ["u0", "u1", "u2"]
+
+
+def test_cleanup_push_token_profiles_deletes_the_tokenless_temporary_profiles(tmp_path: Path) -> None:
+    ws = Workspace.open(tmp_path / "store", clock=lambda: NOW)
+    tokens = [{"app_id": "app", "token": t} for t in ("T1", "T2")]
+    ws.call("POST", TRACK, {"attributes": [{"push_token_import": True, "push_tokens": tokens}]})
+    ws.call("POST", TRACK, {"attributes": [{"external_id": "u1", "push_tokens": tokens[:1]}]})
+    assert cleanup_push_token_profiles(str(tmp_path / "store")) == 1
+    assert Workspace.open(tmp_path / "store").table("profiles").collect().height == 2
+    with pytest.raises(NotAStore):  # the flow never creates a store
+        cleanup_push_token_profiles(str(tmp_path / "nothing"))
+

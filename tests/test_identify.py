@@ -53,7 +53,7 @@ MERGE = "/users/merge"
 E = "anon@example.com"
 PH = "+15550100000"
 TOKEN = {"app_id": "app", "token": "tp", "device_id": "dp"}
-EXPORTED_TOKEN = {"app": "app", "token": "tp", "device_id": "dp"}
+EXPORTED_TOKEN = {"app": "app", "token": "tp", "device_id": "dp", "notifications_enabled": True}
 # the profile fields identify with merge_behavior "merge" copies (email is not one of them)
 MERGED = {
     "first_name": "Ann", "last_name": "Lee", "gender": "F", "dob": "1990-01-02", "phone": "+15550100001",

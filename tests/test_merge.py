@@ -573,7 +573,7 @@ def test_push_tokens_move_and_subscription_groups_of_the_merged_profile_are_drop
     merge(ws, upd(ext("a"), ext("b")))
     b = one(ws, external_ids=["b"])
     assert sorted(b["push_tokens"], key=lambda t: t["token"]) == [
-        {"app": "app", "token": "ta", "device_id": "da"}, {"app": "app", "token": "tb", "device_id": "db"}]
+        {"app": "app", "token": "ta", "device_id": "da", "notifications_enabled": True}, {"app": "app", "token": "tb", "device_id": "db", "notifications_enabled": True}]
     assert sorted(d["device_id"] for d in b["devices"]) == ["da", "db"]
     assert ws.table("push_tokens").collect()["service_id"].to_list() == [service_id(1)] * 2
     assert group_states(ws, "g1") == {}

@@ -92,6 +92,11 @@ TOKENS = [
     {"app_id": "app2", "token": "t1"},
     {"app_id": "app1", "token": "t1", "device_id": "d2"},
     {"app_id": "app2", "token": "t3", "device_id": "d3"},
+    # shapes that name a platform (iOS, Android, Web), and one a byte short of iOS
+    {"app_id": "ios", "token": "ab" * 32, "device_id": "d4"},
+    {"app_id": "android", "token": "fGx1_-:APA91bHk_z"},
+    {"app_id": "web", "token": "https://push.example.com/s/1"},
+    {"app_id": "ios", "token": "ab" * 31 + "a"},
 ]
 BAD_TOKENS: list[Any] = [[{"app_id": "", "token": "x"}], "t1", [{"app_id": "app1", "token": 5}]]
 

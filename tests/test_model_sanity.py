@@ -438,7 +438,7 @@ def test_push_tokens_single_owner(model: Model) -> None:
         attributes=[{"external_id": "u3", "push_tokens": [{"app_id": "app1", "token": "t1"}]}],
     )
     assert "push_tokens" not in user(model, "u1")
-    assert user(model, "u3")["push_tokens"] == [{"app": "app1", "token": "t1"}]
+    assert user(model, "u3")["push_tokens"] == [{"app": "app1", "token": "t1", "notifications_enabled": True}]
     assert "devices" not in user(model, "u3")
     track(model, attributes=[{"email": "ann@example.com", "hit": 1}])
     assert custom(model, "u1") == {"hit": 1}
@@ -454,8 +454,8 @@ def test_push_token_upsert_moves_to_end(model: Model) -> None:
     )
     u = user(model, "u1")
     assert u["push_tokens"] == [
-        {"app": "app1", "token": "t2", "device_id": "d2"},
-        {"app": "app1", "token": "t1"},
+        {"app": "app1", "token": "t2", "device_id": "d2", "notifications_enabled": True},
+        {"app": "app1", "token": "t1", "notifications_enabled": True},
     ]
     assert u["devices"] == [{"device_id": "d2"}]
 
@@ -477,7 +477,7 @@ def test_push_token_import(model: Model) -> None:
     users = model.export_users()
     assert len(users) == 2
     assert "external_id" not in users[1]
-    assert users[1]["push_tokens"] == [{"app": "app1", "token": "t2", "device_id": "d2"}]
+    assert users[1]["push_tokens"] == [{"app": "app1", "token": "t2", "device_id": "d2", "notifications_enabled": True}]
     assert "custom_attributes" not in users[1]
 
 
@@ -790,8 +790,8 @@ def test_merge_fills_only_missing_fields_and_moves_history(model: Model) -> None
     assert u["total_revenue"] == 5.0
     # tokens keep the order received: t1 (src) came before t2 (dst)
     assert u["push_tokens"] == [
-        {"app": "app1", "token": "t1", "device_id": "d1"},
-        {"app": "app1", "token": "t2"},
+        {"app": "app1", "token": "t1", "device_id": "d1", "notifications_enabled": True},
+        {"app": "app1", "token": "t2", "notifications_enabled": True},
     ]
     # the merged profile is gone with its identifiers: its external ID creates anew
     _, body = track(model, attributes=[{"service_id": service_id_for("s", 0), "x": 1}])
@@ -1089,7 +1089,7 @@ def test_identify_into_existing_user_none_and_merge(model: Model) -> None:
         assert len(users) == 2, behavior
         u = users[0]
         assert u["user_aliases"] == [ALIAS]
-        assert u["push_tokens"] == [{"app": "app1", "token": "t1"}]
+        assert u["push_tokens"] == [{"app": "app1", "token": "t1", "notifications_enabled": True}]
         assert "email" not in u  # never copied by identify
         assert u["custom_attributes"] == expect["custom_attributes"]
         assert u.get("first_name") == expect.get("first_name")

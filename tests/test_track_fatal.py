@@ -8,6 +8,8 @@ from typing import Any
 import pytest
 from tests.helpers import (
     ALL_FIELDS,
+    NOW,
+    SEED,
     TRACK,
     alias,
     event,
@@ -20,7 +22,7 @@ from tests.helpers import (
     track_ok,
 )
 
-from engagelake import Response
+from engagelake import Response, Workspace
 from engagelake.rules.messages import (
     FATAL_BLOCKED_EXTERNAL_ID,
     FATAL_BODY_NOT_OBJECT,
@@ -28,7 +30,9 @@ from engagelake.rules.messages import (
     FATAL_NO_ARRAYS,
     FATAL_NOT_ARRAY,
     FATAL_TOO_MANY,
+    FATAL_TOO_MANY_UPDATES,
 )
+from engagelake.workspace import MAU_UPDATES_PER_REQUEST
 
 TABLES = (
     "profiles", "attributes", "events", "purchases", "aliases", "push_tokens", "subscriptions",
@@ -166,6 +170,53 @@ def test_exactly_75_objects_is_accepted(tmp_path, array):
     r = track(ws, **{array: many(array, 75)})
     assert r == Response(201, {"message": "success", f"{array}_processed": 75})
     assert exists(ws, "bulk0") and exists(ws, "bulk74")
+
+
+# --- monthly-active-user plans: at most 50 attributes, events and purchases together ---------------
+
+
+def mau_ws(tmp_path, name: str = "mau"):
+    return Workspace.open(tmp_path / name, clock=lambda: NOW, seed=SEED, monthly_active_user_plan=True)
+
+
+def split(n: int) -> dict[str, list[dict[str, Any]]]:
+    """`n` objects spread over the three arrays (attributes get the remainder)."""
+    third = n // 3
+    return {"attributes": many("attributes", n - 2 * third), "events": many("events", third),
+            "purchases": many("purchases", third)}
+
+
+def test_the_cap_is_off_by_default(tmp_path):
+    ws = open_ws(tmp_path)
+    r = track(ws, **split(75))
+    assert r.status == 201 and r.body["attributes_processed"] == 25  # type: ignore[index]
+
+
+def test_a_plan_accepts_50_updates_together(tmp_path):
+    ws = mau_ws(tmp_path)
+    assert MAU_UPDATES_PER_REQUEST == 50
+    r = track(ws, **split(50))
+    assert r == Response(201, {"message": "success", "attributes_processed": 18, "events_processed": 16,
+                               "purchases_processed": 16})
+
+
+@pytest.mark.parametrize("arrays", [["attributes"], ["events"], ["attributes", "events", "purchases"]])
+def test_a_plan_refuses_51_updates_and_applies_nothing(tmp_path, arrays):
+    ws = mau_ws(tmp_path)
+    body = {a: v for a, v in split(51).items() if a in arrays} if len(arrays) > 1 else {arrays[0]: many(arrays[0], 51)}
+    message = FATAL_TOO_MANY_UPDATES.format(limit=50)
+    assert track(ws, **body) == fatal(message)
+    assert ws.table("profiles").collect().height == 0
+    # in a batch, only the refused request is refused
+    ok = {"attributes": [{"external_id": "solo", "n": 1}]}
+    out = ws.apply([{"method": "POST", "path": TRACK, "body": body}, {"method": "POST", "path": TRACK, "body": ok}])
+    assert out == [fatal(message), Response(201, {"message": "success", "attributes_processed": 1})]
+    assert exists(ws, "solo") and not exists(ws, "bulk0")
+
+
+def test_an_array_over_75_still_names_the_array_on_a_plan(tmp_path):
+    ws = mau_ws(tmp_path)
+    assert track(ws, events=many("events", 76)) == fatal(FATAL_TOO_MANY.format(array="events"))
 
 
 @pytest.mark.parametrize("array", ["attributes", "events", "purchases"])

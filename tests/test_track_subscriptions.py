@@ -36,8 +36,8 @@ def token(tok: str, device: str | None = None, app: str = "app") -> dict[str, st
     return {"app_id": app, "token": tok, **({"device_id": device} if device else {})}
 
 
-def exported(tok: str, device: str | None = None, app: str = "app") -> dict[str, str]:
-    return {"app": app, "token": tok, **({"device_id": device} if device else {})}
+def exported(tok: str, device: str | None = None, app: str = "app") -> dict[str, object]:
+    return {"app": app, "token": tok, **({"device_id": device} if device else {}), "notifications_enabled": True}
 
 
 def group(gid: str, state: str) -> dict[str, str]:

@@ -1,5 +1,5 @@
-"""The `engagelake` command line: `demo`, `apply`, `export`, `sql`, `lineage`, `compact`, `publish`,
-`check`, `repair`, `serve`, `keys`, `scim-tokens`.
+"""The `engagelake` command line: `demo`, `apply`, `export`, `sql`, `lineage`, `compact`,
+`cleanup-push-profiles`, `publish`, `check`, `repair`, `serve`, `keys`, `scim-tokens`.
 
 Every command is a thin edge over `Workspace` (or, for `demo`, the `track_batch` flow, which
 calls `Workspace`). Heavy modules (polars, duckdb, deltalake, prefect) are imported inside the
@@ -316,6 +316,15 @@ def compact(store: Store = DEFAULT_STORE) -> None:
         workspace = _open_existing(store)
         kept = workspace.compact()
     _console().print("compacted: " + ", ".join(f"{name} {rows:,}" for name, rows in kept.items()))
+
+
+@app.command()
+def cleanup_push_profiles(store: Store = DEFAULT_STORE) -> None:
+    """Delete the temporary anonymous profiles of push_token_import that hold no push token
+    any more (the monthly check; the flow cleanup_push_token_profiles runs the same)."""
+    with _input_errors():
+        deleted = _open_existing(store).cleanup_push_profiles()
+    _console().print(f"deleted {deleted:,} temporary anonymous profiles without a push token")
 
 
 @app.command()

@@ -55,6 +55,7 @@ from engagelake.routing import (
 )
 from engagelake.rules import messages as M
 from engagelake.rules.export import export_frame, export_ids
+from engagelake.rules.identity.cleanup import cleanup_push_profiles
 from engagelake.rules.identity.endpoints import IDENTITY_PATHS, apply_identity
 from engagelake.rules.identity.lineage import lineage_rows
 from engagelake.rules.profile.parse import parse_track, without_requests
@@ -84,6 +85,9 @@ TRACK_RUN_MAX = 2000
 STAGE_ROWS = 100_000
 # how long a batch waits out other writers by default (`Workspace.open(retry_for=...)`)
 RETRY_FOR_S = 60.0
+# the specification's cap of /users/track requests on monthly-active-user plans: attributes,
+# events and purchases of one request together (`Workspace.open(monthly_active_user_plan=True)`)
+MAU_UPDATES_PER_REQUEST = 50
 SEEN_SPOOL_BYTES = 16 << 20  # request text a batch keeps in memory for a retry (see `_Seen`)
 # Endpoints the workspace runs itself: track passes, export reads, identity runs.
 USER_ROUTES: dict[str, dict[str, str]] = {
@@ -339,8 +343,9 @@ class _Batch:
     consecutive track requests (and of same-kind identity requests) are applied as one pass."""
 
     def __init__(self, state: State, *, clock: datetime, seed: str, batch_id: str,
-                 before_big: Callable[[], None] = lambda: None):
+                 before_big: Callable[[], None] = lambda: None, max_updates: int | None = None):
         self.state = state
+        self.max_updates = max_updates  # track requests: attributes + events + purchases at most
         self.clock = clock
         self.seed = seed
         self.batch_id = batch_id  # names the batch in lineage rows
@@ -441,10 +446,10 @@ class _Batch:
             "body": [text for _, text in pending],
         })
         parsed = parse_track(bodies)
-        valid = validate_track(parsed)
+        valid = validate_track(parsed, max_updates=self.max_updates)
         if valid.fatal.height:  # refused requests take no sequence numbers: validate the rest again
             parsed = without_requests(parsed, valid.fatal["req"])
-            valid = dataclasses.replace(validate_track(parsed), fatal=valid.fatal)
+            valid = dataclasses.replace(validate_track(parsed, max_updates=self.max_updates), fatal=valid.fatal)
         outcome = apply_track(self.state, parsed, valid, clock=self.clock, seed=self.seed)
         for req, (status, body) in outcome.responses.items():
             responses[pending[req][0]] = Response(status, body)
@@ -455,11 +460,13 @@ class Workspace:
     """A customer-engagement store and the API over it."""
 
     def __init__(self, store: DeltaStore, clock: Clock, *, fields_required: bool,
-                 memory_limit: str | None = None, retry_for: float = RETRY_FOR_S):
+                 memory_limit: str | None = None, retry_for: float = RETRY_FOR_S,
+                 monthly_active_user_plan: bool = False):
         self.store = store
         self.retry_for = retry_for  # how long a batch waits out other writers
         self.clock = clock
         self.fields_required = fields_required
+        self.monthly_active_user_plan = monthly_active_user_plan
         self.memory_limit = memory_limit or os.environ.get(MEMORY_ENV) or None
         store.memory_limit = self.memory_limit  # run merges and compaction spill beyond it too
         # what the last batch read from the store: (table, column or "*" for whole, rows)
@@ -468,7 +475,7 @@ class Workspace:
     @classmethod
     def open(cls, uri: str | Path, *, clock: Clock | None = None, seed: str | None = None,
              fields_required: bool = True, memory_limit: str | None = None, create: bool = True,
-             retry_for: float = RETRY_FOR_S) -> Workspace:
+             retry_for: float = RETRY_FOR_S, monthly_active_user_plan: bool = False) -> Workspace:
         """Open the store at `uri`. Where there is none yet, a path that does not exist or an
         empty folder, a new store is created there; `create=False` raises NotAStore instead.
         A folder that holds anything else is never made a store: a file or a folder of other
@@ -478,20 +485,22 @@ class Workspace:
         `$ENGAGELAKE_MEMORY_LIMIT`) bounds the DuckDB work of run merges, compaction,
         `duckdb()`, `sql()` and the CLI's `sql`, which spill beyond it. A batch that another
         writer overtakes runs again holding the store's writer lock; `retry_for` bounds how
-        long it waits for other writers, in seconds."""
+        long it waits for other writers, in seconds. `monthly_active_user_plan` refuses, as a
+        fatal error, a `/users/track` request with more than 50 attributes, events and purchases
+        together (the specification's cap for those plans; off by default)."""
         return cls(DeltaStore(uri, seed=seed, create=create), clock or _now, fields_required=fields_required,
-                   memory_limit=memory_limit, retry_for=retry_for)
+                   memory_limit=memory_limit, retry_for=retry_for, monthly_active_user_plan=monthly_active_user_plan)
 
     @classmethod
     def create(cls, uri: str | Path, *, clock: Clock | None = None, seed: str | None = None,
                fields_required: bool = True, memory_limit: str | None = None,
-               retry_for: float = RETRY_FOR_S) -> Workspace:
+               retry_for: float = RETRY_FOR_S, monthly_active_user_plan: bool = False) -> Workspace:
         """Create a new store at `uri` (a path that does not exist, or an empty folder) and open
         it; raises StoreExists where a store is, NotAStore where other files are."""
         if store_state(uri) == "store":
             raise StoreExists(f"a store exists at {uri} already: open it with Workspace.open")
         return cls.open(uri, clock=clock, seed=seed, fields_required=fields_required, memory_limit=memory_limit,
-                        retry_for=retry_for)
+                        retry_for=retry_for, monthly_active_user_plan=monthly_active_user_plan)
 
     @staticmethod
     def check(uri: str | Path) -> Report:
@@ -602,7 +611,8 @@ class Workspace:
     def _run_batch(self, body: Callable[[_Batch], None], idempotency_key: str | None, *,
                    digest: Callable[[], str] | None = None) -> list[Response]:
         batch = _Batch(self.state, clock=self.clock(), seed=self.store.head.seed,
-                       batch_id=idempotency_key or uuid.uuid4().hex, before_big=self.store.wait_for_merges)
+                       batch_id=idempotency_key or uuid.uuid4().hex, before_big=self.store.wait_for_merges,
+                       max_updates=MAU_UPDATES_PER_REQUEST if self.monthly_active_user_plan else None)
         try:
             body(batch)
             batch.flush(last=True)
@@ -638,6 +648,22 @@ class Workspace:
             else:
                 assert callable(endpoint)
                 batch.responses[i] = endpoint(batch, routed)
+
+    @_store_errors
+    def cleanup_push_profiles(self) -> int:
+        """The monthly check of `push_token_import`'s temporary anonymous profiles: delete, as
+        one batch, those that hold no push token any more (and gained no identifier), each
+        with a lineage row as `/users/delete` writes. Returns how many were deleted."""
+        deleted = 0
+
+        def body(batch: _Batch) -> None:
+            nonlocal deleted  # each attempt (a retry after another writer's commit) counts anew
+            outcome = cleanup_push_profiles(batch.state, clock=batch.clock, batch=batch.batch_id)
+            deleted = outcome.deleted.height
+            batch.write(outcome.changes, next_update_seq=outcome.next_update_seq)
+
+        self._retrying(lambda: self._run_batch(body, None))
+        return deleted
 
     @_store_errors
     def compact(self) -> dict[str, int]:

@@ -51,8 +51,10 @@ class Summary(_Closed):
 
 class PushToken(_Closed):
     app: str
+    platform: Literal["iOS", "Android", "Web"] | None = None  # from the token's shape; absent when unknown
     token: str
     device_id: str | None = None
+    notifications_enabled: bool
 
 
 class Device(_Closed):

@@ -29,6 +29,30 @@ PROFILE_FIELDS = (
 )
 
 
+# The push service a token's shape names, and the platform it serves (see docs/decisions.md):
+# APNs device tokens are hex (32 bytes or more), FCM registration tokens `<instance>:APA91b...`,
+# Web Push subscriptions their endpoint URL. Any other shape: platform unknown, not exported.
+TOKEN_PLATFORMS = (
+    (r"^(?:[0-9A-Fa-f]{2}){32,}$", "iOS"),
+    (r"^[A-Za-z0-9_-]+:APA91b[A-Za-z0-9_-]+$", "Android"),
+    (r"^https://", "Web"),
+)
+
+
+def token_platform(token: pl.Expr) -> pl.Expr:
+    """The platform of each push token, from its shape (`TOKEN_PLATFORMS`); null when unknown."""
+    out: Any = pl
+    for pattern, platform in TOKEN_PLATFORMS:
+        out = out.when(token.str.contains(pattern)).then(pl.lit(platform))
+    return out.otherwise(pl.lit(None, pl.String))
+
+
+def notifications_enabled(push_subscribe: pl.Expr) -> pl.Expr:
+    """Whether a profile's push tokens may be sent notifications: unless it opted out of push
+    (`push_subscribe` is `unsubscribed`)."""
+    return (push_subscribe != "unsubscribed").fill_null(True)
+
+
 class ExportError(ValueError):
     """A request the endpoint answers with 400 and this message."""
 
@@ -185,14 +209,20 @@ def export_frame(state: State, users: pl.DataFrame, fields: list[str] | None, cl
         al = _rows(state, "aliases", users, point_reads).sort("alias_label", "alias_name")
         for label, name, sid in al.iter_rows():  # JSON shaping, as above
             aliases.setdefault(sid, []).append({"alias_name": name, "alias_label": label})
-    tokens: dict[str, list[dict[str, str]]] = {}
+    tokens: dict[str, list[dict[str, Any]]] = {}
     if want & {"push_tokens", "devices"}:
-        tk = _rows(state, "push_tokens", users, point_reads).sort("update_seq", "pos")
-        # JSON shaping, as above
-        for app_id, token, device_id, sid in tk.select("app_id", "token", "device_id", "service_id").iter_rows():  # JSON shaping of one page of users: not hot
-            t = {"app": app_id, "token": token}
+        tk = (_rows(state, "push_tokens", users, point_reads).sort("update_seq", "pos")
+              .join(prof.select("service_id", "push_subscribe"), on="service_id", how="left", maintain_order="left")
+              .select("app_id", token_platform(pl.col("token")).alias("platform"), "token", "device_id",
+                      notifications_enabled(pl.col("push_subscribe")).alias("notifications_enabled"), "service_id"))
+        for app_id, platform, token, device_id, enabled, sid in tk.iter_rows():  # JSON shaping of one page of users: not hot
+            t: dict[str, Any] = {"app": app_id}
+            if platform is not None:
+                t["platform"] = platform
+            t["token"] = token
             if device_id is not None:
                 t["device_id"] = device_id
+            t["notifications_enabled"] = enabled
             tokens.setdefault(sid, []).append(t)
     events = _summaries(_rows(state, "events", users, point_reads), "name", clock) if "custom_events" in want else {}
     bought = _rows(state, "purchases", users, point_reads) if want & {"purchases", "total_revenue"} else None

@@ -10,6 +10,9 @@ FATAL_NO_ARRAYS = "request must contain at least one of attributes, events or pu
 FATAL_NOT_ARRAY = "{array} must be an array"
 FATAL_TOO_MANY = "{array} may contain at most 75 objects"
 FATAL_ELEMENT_NOT_OBJECT = "{array}[{index}] must be an object"
+# only with the workspace setting `monthly_active_user_plan` (docs/decisions.md)
+FATAL_TOO_MANY_UPDATES = ("attributes, events and purchases may contain at most {limit} objects together "
+                          "on a monthly-active-user plan")
 FATAL_BLOCKED_EXTERNAL_ID = "provided external_id is blacklisted and disallowed"
 
 # --- /users/track: non-fatal (the object at `index` is skipped) --------------------------------

@@ -52,8 +52,9 @@ def _err(cond: pl.Expr, message: str) -> pl.Expr:
     return pl.when(cond).then(pl.lit(message))
 
 
-def fatal_errors(parsed: ParsedTrack) -> pl.DataFrame:
-    """The first fatal error of each request that has one: `req`, `message`."""
+def fatal_errors(parsed: ParsedTrack, *, max_updates: int | None = None) -> pl.DataFrame:
+    """The first fatal error of each request that has one: `req`, `message`. `max_updates`
+    caps the attributes, events and purchases of a request together (None: no cap)."""
     r = parsed.requests
     checks: list[pl.Expr] = [
         _err(pl.col("body_type") != "OBJECT", M.FATAL_BODY_NOT_OBJECT),
@@ -74,6 +75,9 @@ def fatal_errors(parsed: ParsedTrack) -> pl.DataFrame:
                           pl.col(f"{a}_bad"))
             )
         )
+    if max_updates is not None:  # after each array's own checks, which name the array
+        combined = pl.sum_horizontal(pl.col(f"{a}_len").fill_null(0) for a in ARRAYS)
+        checks.append(_err(combined > max_updates, M.FATAL_TOO_MANY_UPDATES.format(limit=max_updates)))
     blocked = (
         parsed.objects.filter(
             (pl.col("ext_t") == "VARCHAR")
@@ -306,9 +310,9 @@ def _list_errors(frame: pl.DataFrame, ok: pl.Expr, message: str, objects: pl.Dat
     return pl.concat([bad_elem, not_array]).unique().with_columns(pl.lit(message).alias(f"{col}_error"))
 
 
-def validate_track(parsed: ParsedTrack) -> ValidTrack:
-    """Run every static check over a parsed batch."""
-    fatal = fatal_errors(parsed)
+def validate_track(parsed: ParsedTrack, *, max_updates: int | None = None) -> ValidTrack:
+    """Run every static check over a parsed batch (`max_updates`: see `fatal_errors`)."""
+    fatal = fatal_errors(parsed, max_updates=max_updates)
     objects = parsed.objects
     if fatal.height:  # a join copies every column: only when a request failed
         objects = objects.join(fatal, on="req", how="anti")
