@@ -86,7 +86,7 @@ class State:
             return None
         ids = pl.concat([s.cast(pl.String).rename("service_id") for s in self.subjects]) if self.subjects \
             else pl.Series("service_id", [], pl.String)
-        return ids.drop_nulls().unique().sort()
+        return ids.drop_nulls().unique()
 
     # --- whole tables --------------------------------------------------------------------------
     def __getitem__(self, name: str) -> pl.DataFrame:
