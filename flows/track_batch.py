@@ -12,18 +12,20 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 
 from prefect import flow, get_run_logger, task
 from prefect.utilities.annotations import quote
 
-from engagelake import Response, Workspace
+from engagelake import IdempotentResponsesExpired, Response, Workspace
 from engagelake.errors import ConfigError
 from engagelake.files import (
     AppliedFile,
     RequestFile,
     list_request_files,
     read_request_file,
+    skipped_file,
     write_responses_file,
 )
 from flows._retry import IO_TASK_OPTIONS
@@ -42,9 +44,14 @@ def read_requests(path: Path) -> RequestFile:
 
 
 @task(name="apply-batch", **IO_TASK_OPTIONS)
-def apply_batch(workspace: Workspace, batch: RequestFile) -> list[Response]:
-    """Apply one file's requests as one batch; retrying is safe under the batch's key."""
-    return workspace.apply(batch.iter_requests(), idempotency_key=batch.idempotency_key)
+def apply_batch(workspace: Workspace, batch: RequestFile) -> list[Response] | IdempotentResponsesExpired:
+    """Apply one file's requests as one batch; retrying is safe under the batch's key. A batch
+    applied before whose stored responses are gone (retention, erasure) is returned as its
+    error: it is done, not failed."""
+    try:
+        return workspace.apply(batch.iter_requests(), idempotency_key=batch.idempotency_key)
+    except IdempotentResponsesExpired as done:
+        return done
 
 
 @task(name="write-responses", **IO_TASK_OPTIONS)
@@ -72,6 +79,13 @@ def apply_request_files(
         started = time.perf_counter()
         responses = apply_batch(workspace, quote(batch))
         seconds = time.perf_counter() - started
+        if isinstance(responses, IdempotentResponsesExpired):
+            why = f"applied at {responses.committed_at} ({responses.reason} responses are not kept)"
+            logger.info("%s: skipped, %s", path.name, why)
+            applied.append(skipped_file(batch, why))
+            if on_file_applied is not None:
+                on_file_applied(applied[-1])
+            continue
         result = write_responses(quote(batch), quote(responses), seconds)
         logger.info(
             "%s: %d requests in %.2f s, statuses %s, %d non-fatal errors",
@@ -141,10 +155,11 @@ def identify_batch(
 
 
 @flow(name="compact_store")
-def compact_store(store: str = "data/store") -> dict[str, int]:
+def compact_store(store: str = "data/store", response_retention_days: float = 7.0) -> dict[str, int]:
     """Rewrite every table to its current rows and delete unreferenced files (deleted users'
-    data leaves the disk). Returns the rows kept per table."""
-    return Workspace.open(store, create=False).compact()
+    data leaves the disk); stored responses of keyed batches go after `response_retention_days`,
+    and at once when they concerned a deleted user. Returns the rows kept per table."""
+    return Workspace.open(store, create=False, response_retention=timedelta(days=response_retention_days)).compact()
 
 
 @flow(name="publish_current")

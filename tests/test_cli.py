@@ -382,3 +382,20 @@ def test_reading_commands_never_create_a_store(tmp_path: Path) -> None:
     assert list((tmp_path / "empty").iterdir()) == []
     result = runner.invoke(app, ["demo", "--store", str(tmp_path / "file")])
     assert result.exit_code == 1 and "is a file" in result.stderr
+
+
+def test_apply_again_after_the_stored_responses_expired_says_skipped(tmp_path: Path) -> None:
+    path = tmp_path / "ok.ndjson"
+    path.write_bytes(orjson.dumps({"method": "POST", "path": "/users/track",
+                                   "body": {"events": [{"external_id": "u", "name": "e",
+                                                        "time": "2026-11-20T10:00:00Z"}]}}) + b"\n")
+    store = str(tmp_path / "store")
+    assert runner.invoke(app, ["apply", str(path), "--store", store]).exit_code == 0
+    compacted = runner.invoke(app, ["compact", "--store", store, "--response-retention-days", "0"])
+    assert compacted.exit_code == 0, compacted.output
+
+    again = CliRunner(env={"COLUMNS": "250"}).invoke(app, ["apply", str(path), "--store", store])
+
+    assert again.exit_code == 0, again.output
+    assert "skipped: applied at" in again.stdout
+    assert Workspace.open(store).table("events").collect().height == 1

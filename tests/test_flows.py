@@ -385,3 +385,24 @@ def test_cleanup_push_token_profiles_deletes_the_tokenless_temporary_profiles(tm
     with pytest.raises(NotAStore):  # the flow never creates a store
         cleanup_push_token_profiles(str(tmp_path / "nothing"))
 
+
+
+def test_a_rerun_after_the_stored_responses_expired_is_a_logged_skip(tmp_path: Path, caplog: Any) -> None:
+    """Compaction with a zero retention window drops every file's stored responses: the flow's
+    re-run applies nothing again, leaves the responses files alone and logs each file skipped."""
+    folder, store = tmp_path / "requests", tmp_path / "store"
+    workload(folder, users=10, objects=100, per_file=10)
+    first = track_batch(str(folder), str(store))
+    responses = {a.responses_path: a.responses_path.read_bytes() for a in first}
+    compact_store(str(store), response_retention_days=0)
+    before = tables(store)
+
+    with caplog.at_level("INFO"):
+        second = track_batch(str(folder), str(store))
+
+    assert [a.skipped is not None and "applied at" in a.skipped for a in second] == [True] * len(first)
+    assert {a.responses_path: a.responses_path.read_bytes() for a in first} == responses
+    after = tables(store)
+    for name, frame in before.items():
+        assert_frame_equal(after[name], frame)
+    assert sum("skipped, applied at" in record.getMessage() for record in caplog.records) == len(first)

@@ -200,7 +200,7 @@ def test_writer_opened_before_a_crash_does_not_publish_the_torn_batch(
     assert snapshot(fresh) == expected
 
 
-@pytest.mark.parametrize("table", [TABLES[0], "events", "merges", TABLES[-1]])
+@pytest.mark.parametrize("table", [TABLES[0], "events", "merges", TABLES[-1], "_ledger"])
 def test_crash_during_compaction_rolls_forward_to_the_same_content(
     tmp_path: Path, ref: SimpleNamespace, table: str
 ) -> None:

@@ -6,12 +6,13 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 __all__ = [
-    "IdempotencyKeyReused", "NotAStore", "Response", "StoreDamaged", "StoreError", "StoreExists", "StoreReadOnly",
+    "IdempotencyKeyReused", "IdempotentResponsesExpired", "NotAStore", "Response", "StoreDamaged", "StoreError", "StoreExists", "StoreReadOnly",
     "Workspace", "__version__",
 ]  # fmt: skip
 
 from engagelake.errors import (  # light: no heavy imports
     IdempotencyKeyReused,
+    IdempotentResponsesExpired,
     NotAStore,
     StoreDamaged,
     StoreError,

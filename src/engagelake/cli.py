@@ -39,6 +39,7 @@ app = typer.Typer(
 DEFAULT_STORE = "data/store"
 DEMO_REQUESTS = Path("data/demo/requests")
 REJECTIONS_SHOWN = 5  # rejected requests `apply` prints
+RESPONSE_RETENTION_DAYS = 7.0  # `compact`'s default: the store's RESPONSE_RETENTION (the CLI imports it lazily)
 SAMPLE_FIELDS = [
     "external_id", "first_name", "email", "country", "language", "created_at",
     "custom_attributes", "custom_events", "purchases", "total_revenue",
@@ -150,7 +151,7 @@ def apply_files(
     """
     from rich.table import Table
 
-    from engagelake import Workspace
+    from engagelake import IdempotentResponsesExpired, Workspace
     from engagelake.files import list_request_files, read_request_file, write_responses_file
 
     with _input_errors():
@@ -166,7 +167,11 @@ def apply_files(
         for path in paths:
             batch = read_request_file(path)
             started = time.perf_counter()
-            responses = workspace.apply(batch.iter_requests(), idempotency_key=batch.idempotency_key)
+            try:
+                responses = workspace.apply(batch.iter_requests(), idempotency_key=batch.idempotency_key)
+            except IdempotentResponsesExpired as done:  # applied before: nothing to do
+                table.add_row(path.name, "-", f"skipped: applied at {done.committed_at:%Y-%m-%d %H:%M:%S} UTC", "-", "-")
+                continue
             applied = write_responses_file(batch, responses, seconds=time.perf_counter() - started)
             table.add_row(*_applied_row(applied))
             rejected += [(path.name, line, r.status, _message(r.body))
@@ -309,11 +314,26 @@ def lineage(
 
 
 @app.command()
-def compact(store: Store = DEFAULT_STORE) -> None:
+def compact(
+    store: Store = DEFAULT_STORE,
+    response_retention_days: Annotated[
+        float,
+        typer.Option("--response-retention-days", min=0,
+                     help="Keep the stored responses of keyed batches (for idempotent replays) this many days."),
+    ] = RESPONSE_RETENTION_DAYS,
+) -> None:
     """Rewrite every table to its current rows and delete files no version needs any more
-    (after a delete, the user's data is then gone from disk). Readers must reopen afterwards."""
+    (after a delete, the user's data is then gone from disk). Readers must reopen afterwards.
+
+    Stored responses of keyed batches go too: those older than the retention window, and
+    those of any batch that concerned a deleted user (docs/privacy.md).
+
+    Example: engagelake compact --store data/store --response-retention-days 7
+    """
+    from datetime import timedelta
+
     with _input_errors():
-        workspace = _open_existing(store)
+        workspace = _open_existing(store, response_retention=timedelta(days=response_retention_days))
         kept = workspace.compact()
     _console().print("compacted: " + ", ".join(f"{name} {rows:,}" for name, rows in kept.items()))
 
@@ -704,15 +724,16 @@ def _console() -> Any:
     return Console()
 
 
-def _open_existing(store: str) -> Workspace:
-    """Open a store that must exist already (reading commands never create one)."""
+def _open_existing(store: str, **options: Any) -> Workspace:
+    """Open a store that must exist already (reading commands never create one); `options`
+    go to `Workspace.open`."""
     from engagelake import Workspace
 
     if "://" not in store and not Path(store).exists():
         _fail(
             f"no store at {store!r}; pass --store PATH, or create one with `engagelake demo` or `engagelake apply FILE`"
         )
-    return Workspace.open(store, create=False)
+    return Workspace.open(store, create=False, **options)
 
 
 def _parse_fields(fields: str | None) -> list[str] | None:

@@ -57,3 +57,22 @@ class IdempotencyKeyReused(StoreError):
         )
         self.key = key
         self.committed_at = committed_at
+
+
+class IdempotentResponsesExpired(StoreError):
+    """`apply` got the idempotency key of a committed batch whose stored responses are gone:
+    kept only for the workspace's retention window, or dropped at once by a compaction after
+    the batch concerned a deleted user (`docs/privacy.md`). The batch was applied when it was
+    committed (`committed_at`); nothing was applied again. `reason`: "expired" or "erased"."""
+
+    def __init__(self, key: str, committed_at: object, reason: str):
+        why = ("they concerned a user deleted since" if reason == "erased"
+               else "they were older than the workspace's response retention window")
+        super().__init__(
+            f"the batch of idempotency key {key!r} was applied at {committed_at}; its stored responses "
+            f"were dropped because {why}. Nothing was applied again; treat the batch as done (the "
+            "flows log it as skipped), or send it with a new key to apply it once more."
+        )
+        self.key = key
+        self.committed_at = committed_at
+        self.reason = reason

@@ -82,6 +82,14 @@ class AppliedFile:
     statuses: dict[int, int]
     errors: int  # non-fatal errors of the accepted requests (fatal ones are in `statuses`)
     seconds: float = 0.0
+    # why nothing was applied: the file's batch was applied before and its stored responses
+    # are gone (retention or erasure); its responses file, if any, is left as it was
+    skipped: str | None = None
+
+
+def skipped_file(request_file: RequestFile, why: str) -> AppliedFile:
+    """The summary of a request file whose batch was applied before (nothing applied now)."""
+    return AppliedFile(request_file.path, responses_path(request_file.path), 0, {}, 0, skipped=why)
 
 
 def list_request_files(folder: str | Path) -> list[Path]:

@@ -22,7 +22,7 @@ import time
 import uuid
 import weakref
 from collections.abc import Callable, Iterable, Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
@@ -34,6 +34,7 @@ import pyarrow as pa
 from engagelake.errors import (
     EngagelakeError,
     IdempotencyKeyReused,
+    IdempotentResponsesExpired,
     StaleStoreError,
     StoreError,
     StoreExists,
@@ -63,7 +64,7 @@ from engagelake.rules.profile.track import apply_track
 from engagelake.rules.profile.validate import validate_track
 from engagelake.rules.state import Changes, State, apply_changes
 from engagelake.store import scratch
-from engagelake.store.delta import DeltaStore, store_state
+from engagelake.store.delta import RESPONSE_RETENTION, DeltaStore, store_state
 from engagelake.store.staging import StagedSource, Stages
 from engagelake.tables.credentials import UNPUBLISHED
 from engagelake.tables.schema import TABLES
@@ -76,6 +77,7 @@ if TYPE_CHECKING:
 Clock = Callable[[], datetime]
 MEMORY_ENV = "ENGAGELAKE_MEMORY_LIMIT"
 PUBLISHED_FOLDER = "current"  # where `publish` writes by default, inside the store
+PUBLISHED_MARKER = "_published.json"  # as store/publish.py writes it
 EXPORT_CHUNK_USERS = 50_000  # users per chunk of a streamed export of every user
 # Long runs of track requests are applied in passes of at most this many requests (up to ~170k
 # objects): the same result as one pass (sequential application is the invariant), bounded memory.
@@ -422,7 +424,8 @@ class _Batch:
         self.changes = Changes()
         assert self.stored is not None
         self.state = State.over(StagedSource(self.stored, self.stages), next_profile_n=self.state.next_profile_n,
-                                next_update_seq=self.state.next_update_seq, reads=self.state.reads)
+                                next_update_seq=self.state.next_update_seq, reads=self.state.reads,
+                                subjects=self.state.subjects)
 
     def to_commit(self) -> tuple[Changes, dict[str, pl.DataFrame], Stages | None]:
         """Every change of the batch: those in memory, those staged (a batch that staged
@@ -461,8 +464,9 @@ class Workspace:
 
     def __init__(self, store: DeltaStore, clock: Clock, *, fields_required: bool,
                  memory_limit: str | None = None, retry_for: float = RETRY_FOR_S,
-                 monthly_active_user_plan: bool = False):
+                 monthly_active_user_plan: bool = False, response_retention: timedelta = RESPONSE_RETENTION):
         self.store = store
+        store.response_retention = response_retention  # compaction drops stored responses older than this
         self.retry_for = retry_for  # how long a batch waits out other writers
         self.clock = clock
         self.fields_required = fields_required
@@ -475,7 +479,8 @@ class Workspace:
     @classmethod
     def open(cls, uri: str | Path, *, clock: Clock | None = None, seed: str | None = None,
              fields_required: bool = True, memory_limit: str | None = None, create: bool = True,
-             retry_for: float = RETRY_FOR_S, monthly_active_user_plan: bool = False) -> Workspace:
+             retry_for: float = RETRY_FOR_S, monthly_active_user_plan: bool = False,
+             response_retention: timedelta = RESPONSE_RETENTION) -> Workspace:
         """Open the store at `uri`. Where there is none yet, a path that does not exist or an
         empty folder, a new store is created there; `create=False` raises NotAStore instead.
         A folder that holds anything else is never made a store: a file or a folder of other
@@ -487,20 +492,26 @@ class Workspace:
         writer overtakes runs again holding the store's writer lock; `retry_for` bounds how
         long it waits for other writers, in seconds. `monthly_active_user_plan` refuses, as a
         fatal error, a `/users/track` request with more than 50 attributes, events and purchases
-        together (the specification's cap for those plans; off by default)."""
+        together (the specification's cap for those plans; off by default). A batch applied
+        with an idempotency key keeps its responses for replay `response_retention` long (7
+        days by default): a compaction drops older ones, and at once those that concern a
+        deleted user (`docs/privacy.md`); a replay then raises IdempotentResponsesExpired."""
         return cls(DeltaStore(uri, seed=seed, create=create), clock or _now, fields_required=fields_required,
-                   memory_limit=memory_limit, retry_for=retry_for, monthly_active_user_plan=monthly_active_user_plan)
+                   memory_limit=memory_limit, retry_for=retry_for, monthly_active_user_plan=monthly_active_user_plan,
+                   response_retention=response_retention)
 
     @classmethod
     def create(cls, uri: str | Path, *, clock: Clock | None = None, seed: str | None = None,
                fields_required: bool = True, memory_limit: str | None = None,
-               retry_for: float = RETRY_FOR_S, monthly_active_user_plan: bool = False) -> Workspace:
+               retry_for: float = RETRY_FOR_S, monthly_active_user_plan: bool = False,
+               response_retention: timedelta = RESPONSE_RETENTION) -> Workspace:
         """Create a new store at `uri` (a path that does not exist, or an empty folder) and open
         it; raises StoreExists where a store is, NotAStore where other files are."""
         if store_state(uri) == "store":
             raise StoreExists(f"a store exists at {uri} already: open it with Workspace.open")
         return cls.open(uri, clock=clock, seed=seed, fields_required=fields_required, memory_limit=memory_limit,
-                        retry_for=retry_for, monthly_active_user_plan=monthly_active_user_plan)
+                        retry_for=retry_for, monthly_active_user_plan=monthly_active_user_plan,
+                        response_retention=response_retention)
 
     @staticmethod
     def check(uri: str | Path) -> Report:
@@ -572,6 +583,9 @@ class Workspace:
                             pass
                         if digest.hexdigest() != stored.digest:
                             raise IdempotencyKeyReused(idempotency_key, stored.committed_at)
+                    if stored.responses is None:  # applied once; its answers are gone
+                        raise IdempotentResponsesExpired(idempotency_key, stored.committed_at,
+                                                         stored.dropped or "expired")
                     return [Response(s, b) for s, b in stored.responses]
             return self._run_batch(lambda batch: self._dispatch(batch, routed()), idempotency_key,
                                    digest=digest.hexdigest)
@@ -610,7 +624,10 @@ class Workspace:
 
     def _run_batch(self, body: Callable[[_Batch], None], idempotency_key: str | None, *,
                    digest: Callable[[], str] | None = None) -> list[Response]:
-        batch = _Batch(self.state, clock=self.clock(), seed=self.store.head.seed,
+        state = self.state
+        if idempotency_key is not None:  # its responses are stored: note whom they concern
+            state = dataclasses.replace(state, subjects=[])
+        batch = _Batch(state, clock=self.clock(), seed=self.store.head.seed,
                        batch_id=idempotency_key or uuid.uuid4().hex, before_big=self.store.wait_for_merges,
                        max_updates=MAU_UPDATES_PER_REQUEST if self.monthly_active_user_plan else None)
         try:
@@ -626,6 +643,7 @@ class Workspace:
                     next_profile_n=batch.state.next_profile_n, next_update_seq=batch.state.next_update_seq,
                     index_entries_stored=index_entries_stored, staged=staged,
                     digest=digest() if digest is not None and idempotency_key is not None else None,
+                    subjects=batch.state.subject_ids(),
                 )
         finally:
             batch.close()
@@ -668,8 +686,14 @@ class Workspace:
     @_store_errors
     def compact(self) -> dict[str, int]:
         """Compact the store (see `DeltaStore.compact`): afterwards the files hold only current
-        rows, so a deleted user's data is gone from disk. Returns the rows kept per table."""
-        return self.store.compact()
+        rows, so a deleted user's data is gone from disk. The store's published copy (`publish`
+        to its default folder), if there is one, is published again: it would keep deleted
+        users' rows. Returns the rows kept per table."""
+        kept = self.store.compact()
+        marker = Path(self.store.uri) / PUBLISHED_FOLDER / PUBLISHED_MARKER
+        if marker.exists():
+            self._publish(list(json.loads(marker.read_text())["tables"]), None, erase_old=True)
+        return kept
 
     @_store_errors
     def publish(self, out: str | Path | None = None, *, tables: list[str] | None = None) -> dict[str, int]:
@@ -678,9 +702,12 @@ class Workspace:
         DuckDB's `delta_scan`, `pl.read_delta`. Each run replaces the last; the marker
         `_published.json`, written last, names the batch shown. Returns the rows per table.
         The credentials (`api_keys`, `scim_tokens`) are published only when `tables` names them."""
+        names = [n for n in TABLES if n not in UNPUBLISHED] if tables is None else tables
+        return self._publish(names, out)
+
+    def _publish(self, names: list[str], out: str | Path | None, *, erase_old: bool = False) -> dict[str, int]:
         from engagelake.store.publish import publish
 
-        names = [n for n in TABLES if n not in UNPUBLISHED] if tables is None else tables
         unknown = [name for name in names if name not in TABLES]
         if unknown:
             raise KeyError(f"no table {unknown[0]!r}; tables: {', '.join(TABLES)}")
@@ -689,7 +716,7 @@ class Workspace:
         for name in UNPUBLISHED:  # a copy an earlier run published would go stale: it goes
             if name not in names and "://" not in str(target):
                 shutil.rmtree(Path(target) / name, ignore_errors=True)
-        return publish(self.store.snapshot(), target, names, self.memory_limit)
+        return publish(self.store.snapshot(), target, names, self.memory_limit, erase_old=erase_old)
 
     @_store_errors
     def lineage(self, identifier: str, *, kind: str = "external_id") -> pl.DataFrame:

@@ -25,6 +25,8 @@ __all__ = ["Changes", "State", "apply_changes"]
 
 # Tables a prefetch reads at once (an export reads up to six).
 PREFETCH_THREADS = 6
+# columns that name a user, in any table (lineage rows name two)
+SUBJECT_COLUMNS = ("service_id", "into", "source_sid", "target_sid")
 
 @dataclass(frozen=True)
 class State:
@@ -55,6 +57,9 @@ class State:
     # per event and purchase log, the users whose stored rows were read and those rows, as
     # stored (history is remapped through the redirects when asked for)
     logs: dict[str, tuple[pl.Series, pl.DataFrame]] = field(default_factory=dict)
+    # the users this batch read or wrote, as service_id columns (None: not recorded): a keyed
+    # batch's stored responses concern them, and go when one of them is deleted (`subjects`)
+    subjects: list[pl.Series] | None = None
 
     @staticmethod
     def empty() -> State:
@@ -63,11 +68,25 @@ class State:
 
     @staticmethod
     def over(source: RowSource, *, next_profile_n: int, next_update_seq: int,
-             reads: list[tuple[str, str, int]] | None = None) -> State:
-        """A state that reads `source` on demand (`reads`: the list to log reads to)."""
+             reads: list[tuple[str, str, int]] | None = None, subjects: list[pl.Series] | None = None) -> State:
+        """A state that reads `source` on demand (`reads`: the list to log reads to;
+        `subjects`: the list to note the users read and written to, if any)."""
         return State(source, {name: empty(name) for name in TABLES},
                      next_profile_n=next_profile_n, next_update_seq=next_update_seq,
-                     reads=[] if reads is None else reads)
+                     reads=[] if reads is None else reads, subjects=subjects)
+
+    def note_subjects(self, rows: pl.DataFrame) -> None:
+        """Note the users `rows` name (any service_id column), when this batch records them."""
+        if self.subjects is not None and rows.height:
+            self.subjects.extend(rows[c] for c in SUBJECT_COLUMNS if c in rows.columns)
+
+    def subject_ids(self) -> pl.Series | None:
+        """The distinct service_ids this batch read or wrote (None: not recorded)."""
+        if self.subjects is None:
+            return None
+        ids = pl.concat([s.cast(pl.String).rename("service_id") for s in self.subjects]) if self.subjects \
+            else pl.Series("service_id", [], pl.String)
+        return ids.drop_nulls().unique()
 
     # --- whole tables --------------------------------------------------------------------------
     def __getitem__(self, name: str) -> pl.DataFrame:
@@ -255,6 +274,7 @@ class State:
         stored = rows
         if STAGED in rows.columns:
             stored, rows = rows.filter(~pl.col(STAGED)), rows.drop(STAGED)
+        self.note_subjects(rows)
         for index, (table, _) in INDEXES.items():
             if table == name and stored.height:  # a selection shares the rows' buffers: no copy
                 self.indexed.setdefault(index, []).append(stored.select(list(SCHEMAS[index])))
@@ -323,6 +343,9 @@ def apply_changes(state: State, changes: Changes, *, next_profile_n: int, next_u
     fold into the rows the batch holds, or wait in `pending`."""
     known, shadow, pending = dict(state.known), dict(state.shadow), dict(state.pending)
     for name, (ups, dels) in changes.merged().items():
+        for frame in (ups, dels):
+            if frame is not None:
+                state.note_subjects(frame)
         key = KEYS[name]
         cur = known[name]
         if name in PARTIAL:
@@ -346,7 +369,7 @@ def apply_changes(state: State, changes: Changes, *, next_profile_n: int, next_u
         known[name] = cur
     return State(state.source, known, shadow, set(state.whole), dict(state.probed),
                  next_profile_n=next_profile_n, next_update_seq=next_update_seq, reads=state.reads,
-                 indexed=state.indexed, pending=pending, logs=dict(state.logs))
+                 indexed=state.indexed, pending=pending, logs=dict(state.logs), subjects=state.subjects)
 
 
 def _partial_rows(name: str, held: pl.DataFrame, ups: pl.DataFrame | None, dels: pl.DataFrame | None,

@@ -31,7 +31,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -91,7 +91,20 @@ LEDGER_SCHEMA = {
     # SHA-256 of a keyed batch's requests (null without a key, and in stores older than the
     # column): a column of its own, kept when the responses go after their retention window
     "digest": pl.String(),
+    # a keyed batch's users (service_ids it read or wrote): its responses concern them, and go
+    # at the next compaction once one of them is deleted; null when no responses are stored
+    "subjects": pl.List(pl.String()),
+    # why a keyed batch's responses are gone: "expired" (the retention window) or "erased"
+    "responses_dropped": pl.String(),
 }
+# The ledger's text meant only for replay (response bodies) and its users carry no statistics,
+# in the Delta log or in the Parquet footers: statistics would copy values out of the rows.
+LEDGER_STATS_COLUMNS = ("batch_no", "batch_key", "committed_at", "kind")
+LEDGER_PROPERTIES = {"delta.dataSkippingStatsColumns": ",".join(LEDGER_STATS_COLUMNS)}
+LEDGER_WRITER = WriterProperties(  # statistics off by default: a nested column takes no other setting
+    compression="SNAPPY", default_column_properties=ColumnProperties(statistics_enabled="NONE"),
+    column_properties={column: ColumnProperties(statistics_enabled="CHUNK") for column in LEDGER_STATS_COLUMNS})
+RESPONSE_RETENTION = timedelta(days=7)  # a keyed batch's responses are kept this long (default)
 # ledger rows that move rows between files and change no content: a batch that read the store
 # before one of them still holds (it is not stale)
 LAYOUT_KINDS = ("merge", "compaction")
@@ -244,9 +257,10 @@ def _columns(rows: pl.DataFrame | None, columns: list[str]) -> pl.DataFrame | No
 class StoredBatch:
     """A committed batch found by its idempotency key."""
 
-    responses: list[Any]  # [[status, body], ...]
+    responses: list[Any] | None  # [[status, body], ...]; None once dropped (see `dropped`)
     digest: str | None  # of its requests; None when the ledger row predates digests
     committed_at: datetime
+    dropped: str | None = None  # "expired" or "erased": why its responses are gone
 
 
 @dataclass(frozen=True)
@@ -282,6 +296,8 @@ class DeltaStore:
             self._end_creation()  # the ledger landed: the store is whole
         self._ledger_table: DeltaTable | None = None
         self._ledger_version = -1
+        self._ledger_properties_set = False
+        self.response_retention = RESPONSE_RETENTION  # a workspace setting (`Workspace.open`)
         try:
             self.head = self._read_head()
         except StoreError:
@@ -379,23 +395,34 @@ class DeltaStore:
 
     def _append_ledger(self, batch_no: int, key: str | None, versions: dict[str, int], next_n: int,
                        next_seq: int, seed: str, responses: list[Any], *, kind: str, create: bool = False,
-                       digest: str | None = None) -> int | None:
-        """Append one ledger row; returns the ledger version it made (None when creating)."""
+                       digest: str | None = None, subjects: pl.Series | None = None) -> int | None:
+        """Append one ledger row; returns the ledger version it made (None when creating).
+        Responses are stored for a keyed batch only (nothing else can ask for them again),
+        with the users they concern (`subjects`)."""
+        keyed = key is not None
         row = pl.DataFrame(
             {
                 "batch_no": [batch_no], "batch_key": [key], "committed_at": [datetime.now(UTC)],
                 "versions": [orjson.dumps(versions).decode()], "next_profile_n": [next_n],
                 "next_update_seq": [next_seq], "seed": [seed],
-                "responses": [orjson.dumps(responses).decode()], "kind": [kind], "digest": [digest],
+                "responses": [orjson.dumps(responses).decode() if keyed else None], "kind": [kind],
+                "digest": [digest],
+                "subjects": [(subjects if subjects is not None else pl.Series([], dtype=pl.String)) if keyed else None],
+                "responses_dropped": [None],
             },
             schema=LEDGER_SCHEMA,
         )
-        # a ledger written before the `kind` or `digest` column gains it here (older rows: null)
+        # a ledger written before a column gains it here (older rows: null)
         if create:
-            write_deltalake(self._path(LEDGER), row.to_arrow(), mode="append", schema_mode="merge")
+            write_deltalake(self._path(LEDGER), row.to_arrow(), mode="append", schema_mode="merge",
+                            writer_properties=LEDGER_WRITER, configuration=LEDGER_PROPERTIES)
             return None
         table = self._latest(LEDGER)
-        write_deltalake(table, row.to_arrow(), mode="append", schema_mode="merge")
+        if not self._ledger_properties_set:  # a ledger made before them gets them (once per process)
+            if table.metadata().configuration.get(next(iter(LEDGER_PROPERTIES))) != next(iter(LEDGER_PROPERTIES.values())):
+                table.alter.set_table_properties(LEDGER_PROPERTIES)
+            self._ledger_properties_set = True
+        write_deltalake(table, row.to_arrow(), mode="append", schema_mode="merge", writer_properties=LEDGER_WRITER)
         return table.version()
 
     def _ledger(self, columns: list[str]) -> pl.DataFrame:
@@ -627,17 +654,19 @@ class DeltaStore:
         table = DeltaTable(self._path(LEDGER))
         present = {field.name for field in table.schema().fields}
         rows = table.to_pyarrow_table(  # reads only the matching row's data
-            columns=[c for c in ("responses", "digest", "committed_at") if c in present],
+            columns=[c for c in ("responses", "digest", "committed_at", "responses_dropped") if c in present],
             filters=[("batch_key", "=", key)])
         if not rows.num_rows:
             return None
-        digest = rows.column("digest")[0].as_py() if "digest" in present else None
-        return StoredBatch(orjson.loads(rows.column("responses")[0].as_py()), digest,
-                           rows.column("committed_at")[0].as_py())
+        row = {name: rows.column(name)[0].as_py() for name in rows.column_names}
+        text = row.get("responses")
+        return StoredBatch(None if text is None else orjson.loads(text), row.get("digest"), row["committed_at"],
+                           dropped=row.get("responses_dropped") or (None if text is not None else "expired"))
 
     def commit(self, changes: Changes, *, key: str | None, responses: list[Any], next_profile_n: int,
                next_update_seq: int, index_entries_stored: dict[str, pl.DataFrame] | None = None,
-               staged: Stages | None = None, digest: str | None = None) -> None:
+               staged: Stages | None = None, digest: str | None = None,
+               subjects: pl.Series | None = None) -> None:
         """Write one batch: every table's rows, then the ledger row that makes them visible.
         Raises StaleStoreError when another writer committed a batch since this one read the
         store (merges and compactions since then change no content: the batch still holds).
@@ -646,7 +675,8 @@ class DeltaStore:
         rows the batch read): they are not written again. `staged` holds the batch's staged
         changes besides `changes`: its sorted tables stream from the stage files into their
         runs, the others come through `changes` (`Stages.changes`). `digest`: of the batch's
-        requests, stored beside its key."""
+        requests, stored beside its key; `subjects`: the users the batch read or wrote, stored
+        with a keyed batch's responses."""
         self.wait_for_merges()
         base = self.head.content_batch
         with self._writer_lock():
@@ -656,7 +686,7 @@ class DeltaStore:
             self._recover()
             self._write_batch(changes, key=key, responses=responses, next_profile_n=next_profile_n,
                               next_update_seq=next_update_seq, index_entries_stored=index_entries_stored or {},
-                              staged=staged, digest=digest)
+                              staged=staged, digest=digest, subjects=subjects)
         if self._merge_due:
             try:
                 self._start_merges()
@@ -738,7 +768,7 @@ class DeltaStore:
 
     def _write_batch(self, changes: Changes, *, key: str | None, responses: list[Any], next_profile_n: int,
                      next_update_seq: int, index_entries_stored: dict[str, pl.DataFrame],
-                     staged: Stages | None, digest: str | None) -> None:
+                     staged: Stages | None, digest: str | None, subjects: pl.Series | None = None) -> None:
         batch_no = self.head.batch_no + 1
         versions = dict(self.head.versions)
         streamed = staged.streamed() if staged is not None else set()
@@ -772,7 +802,7 @@ class DeltaStore:
         _failpoint("before_ledger")
         try:
             mine = self._append_ledger(batch_no, key, versions, next_profile_n, next_update_seq, self.head.seed,
-                                       responses, kind="batch", digest=digest)
+                                       responses, kind="batch", digest=digest, subjects=subjects)
         except Exception as error:
             # delta-rs may raise after its commit (a checkpoint it writes after the log entry):
             # a batch whose ledger row landed is committed, and saying otherwise would get it
@@ -864,12 +894,40 @@ class DeltaStore:
                                     mode="overwrite", writer_properties=writer(name),
                                     schema_mode="overwrite" if name in PARTIAL else None)
                     _failpoint(f"compact:{name}")
+            self._compact_ledger(gone)
+            _failpoint("compact:_ledger")
             kept = self._finish_compaction(batch_no, list(STORED))
             marker.unlink()
         prune_indexes(self.uri)
         for name in SORT_BY:
             self.index_footers(name)
         return {name: kept[name] for name in TABLES}
+
+    def _compact_ledger(self, gone: pl.Series) -> None:
+        """Rewrite the ledger without the responses nobody may read again: those of batches
+        that concerned a deleted profile (`gone`), whatever their age; those older than the
+        retention window; those of unkeyed batches (older stores stored them). Each keyed
+        batch keeps its key, digest and commit time, so a replay is refused, never applied
+        twice. The old files (and log entries, with their statistics) go with the tables'."""
+        rows = self._ledger(list(LEDGER_SCHEMA))
+        held = pl.col("responses").is_not_null()
+        concerned = (rows.lazy().filter(held & pl.col("subjects").is_not_null()).select("batch_no", "subjects")
+                     .explode("subjects").filter(pl.col("subjects").is_in(gone.implode()))
+                     .select("batch_no").unique().collect()["batch_no"])
+        cutoff = datetime.now(UTC) - self.response_retention
+        dropped = (pl.when(held & pl.col("batch_key").is_null()).then(None)
+                   .when(held & pl.col("batch_no").is_in(concerned.implode())).then(pl.lit("erased"))
+                   .when(held & (pl.col("committed_at") < cutoff)).then(pl.lit("expired"))
+                   .otherwise(pl.col("responses_dropped")))
+        gone_now = held & (pl.col("batch_key").is_null() | pl.col("dropped").is_not_null())
+        rows = (rows.with_columns(dropped.alias("dropped"))
+                .with_columns(*(pl.when(gone_now).then(None).otherwise(pl.col(c)).alias(c) for c in ("responses", "subjects")),
+                              pl.col("dropped").alias("responses_dropped"))
+                .drop("dropped").select(list(LEDGER_SCHEMA)))
+        table = DeltaTable(self._path(LEDGER))
+        table.alter.set_table_properties({**LEDGER_PROPERTIES, "delta.logRetentionDuration": "interval 0 days"})
+        write_deltalake(table, rows.sort("batch_no").to_arrow(), mode="overwrite", schema_mode="overwrite",
+                        writer_properties=LEDGER_WRITER)
 
     def _compacted(self, con: duckdb.DuckDBPyConnection, snap: Snapshot, name: str, batch_no: int,
                    gone: pl.Series) -> pa.RecordBatchReader | pa.Table:
@@ -880,6 +938,8 @@ class DeltaStore:
         order = sort_order(name, KEYS[name])
         if order is None:  # small or order-keeping tables: read in commit order, in memory
             rows = snap.scan(name).collect()
+            if name == "preference_center_submits":  # a deleted user's submits go with the user
+                rows = rows.filter(~pl.col("service_id").is_in(gone.implode()))
             if name == "merges":
                 rows = rows.with_columns(
                     [pl.when(pl.col("source_sid").is_in(gone.implode()) | pl.col("target_sid").is_in(gone.implode()))
@@ -900,17 +960,22 @@ class DeltaStore:
         """Drop the files and log entries the compacted versions no longer need, then publish
         `tables`; returns the rows of each."""
         kept = {}
+        self._vacuum(LEDGER)  # its old files held the responses it dropped
         for name in tables:
             if not DeltaTable.is_deltatable(self._path(name)):
                 continue
-            table = DeltaTable(self._path(name))
-            table.vacuum(retention_hours=0, enforce_retention_duration=False, dry_run=False)
-            table = DeltaTable(self._path(name))
-            table.create_checkpoint()
-            table.cleanup_metadata()
+            table = self._vacuum(name)
             kept[name] = sum(pa.table(table.get_add_actions(flatten=True)).column("num_records").to_pylist())
         self._publish_current(batch_no, list(kept))
         return kept
+
+    def _vacuum(self, name: str) -> DeltaTable:
+        """Delete the files and log entries that `name`'s current version does not need."""
+        DeltaTable(self._path(name)).vacuum(retention_hours=0, enforce_retention_duration=False, dry_run=False)
+        table = DeltaTable(self._path(name))
+        table.create_checkpoint()
+        table.cleanup_metadata()
+        return table
 
     def _compaction_marker(self) -> Path:
         return Path(self.uri) / COMPACTING

@@ -34,8 +34,11 @@ KEEP_HOURS = 1
 BATCH_KEY = "engagelake.batch"  # commit metadata of each published version: the batch it shows
 
 
-def publish(snapshot: Snapshot, out: str | Path, tables: list[str], memory_limit: str | None) -> dict[str, int]:
-    """Write the current rows of `tables` at `snapshot` under `out`; returns the rows per table."""
+def publish(snapshot: Snapshot, out: str | Path, tables: list[str], memory_limit: str | None, *,
+            erase_old: bool = False) -> dict[str, int]:
+    """Write the current rows of `tables` at `snapshot` under `out`; returns the rows per table.
+    `erase_old` (after a compaction): the replaced files and the old log entries, whose
+    statistics name values, go at once instead of after `KEEP_HOURS`."""
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
     batch = snapshot.head.batch_no
@@ -50,7 +53,14 @@ def publish(snapshot: Snapshot, out: str | Path, tables: list[str], memory_limit
                             writer_properties=writer(name),
                             commit_properties=CommitProperties(custom_metadata={BATCH_KEY: str(batch)}))
             table = DeltaTable(target)
-            table.vacuum(retention_hours=KEEP_HOURS, enforce_retention_duration=False, dry_run=False)
+            if erase_old:
+                table.alter.set_table_properties({"delta.logRetentionDuration": "interval 0 days"})
+            table.vacuum(retention_hours=0 if erase_old else KEEP_HOURS, enforce_retention_duration=False,
+                         dry_run=False)
+            if erase_old:
+                table = DeltaTable(target)
+                table.create_checkpoint()
+                table.cleanup_metadata()
             rows[name], versions[name] = counted.rows, table.version()
     _write_marker(folder, {
         "batch": batch,
