@@ -3,8 +3,8 @@
 This is the oracle the property tests run beside the vectorized engine. It is deliberately plain:
 profiles are dicts in a list, every object is processed one at a time, in the documented order
 (each request in turn; inside a track request all attributes, then events, then purchases; inside
-an identity request every item in array order). Every rule comes from `../shared/spec`,
-`../shared/SEMANTICS.md` (sections 1-6), `docs/semantics.md` and `docs/identity.md`; error texts
+an identity request every item in array order). Every rule comes from the specification,
+`docs/semantics.md` and `docs/identity.md`; error texts
 are imported from `engagelake.rules.messages`.
 
 Identity endpoints: `/users/merge`, `/users/identify`, `/users/external_ids/rename`,

@@ -1,4 +1,4 @@
-"""POST /users/alias/new and /users/alias/update end to end (docs/identity.md, SEMANTICS.md 6)."""
+"""POST /users/alias/new and /users/alias/update end to end (docs/identity.md)."""
 
 from __future__ import annotations
 

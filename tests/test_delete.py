@@ -1,5 +1,5 @@
 """POST /users/delete end to end: every identifier kind, the deleted count, every table emptied
-for the user, delete then track (docs/identity.md, SEMANTICS.md 6)."""
+for the user, delete then track (docs/identity.md)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """POST /users/external_ids/rename and /users/external_ids/remove end to end: per-item errors with
 their indexes, request-level errors, deprecated IDs resolving everywhere until removed
-(docs/identity.md, SEMANTICS.md 2 and 6)."""
+(docs/identity.md)."""
 
 from __future__ import annotations
 

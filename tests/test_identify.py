@@ -1,6 +1,6 @@
 """POST /users/identify end to end: aliases, emails and phones; external ID unheld or held;
 merge_behavior none vs merge; one alias per label; already identified; counts; 400s
-(docs/identity.md, SEMANTICS.md 5)."""
+(docs/identity.md)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The `merges` lineage table: one row per item of every identity request, applied or skipped,
 with kind, outcome, reason, identifiers as sent, batch, request, item, seq and time
-(docs/identity.md "Lineage", SEMANTICS.md 5)."""
+(docs/identity.md "Lineage")."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """POST /users/merge end to end: identifiers, prioritization, skips, the field rules, history,
-push tokens, deletion of the merged profile, chains, time (docs/identity.md, SEMANTICS.md 5)."""
+push tokens, deletion of the merged profile, chains, time (docs/identity.md)."""
 
 from __future__ import annotations
 

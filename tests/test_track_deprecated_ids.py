@@ -1,4 +1,4 @@
-"""Deprecated external IDs resolve like the primary one (SEMANTICS.md section 2), and a
+"""Deprecated external IDs resolve like the primary one (docs/identity.md, "Deprecated external IDs"), and a
 language set through the API is marked explicit (section 3).
 
 Renaming is issue 3's endpoint; here a deprecated ID is written through the store layer, the

@@ -41,7 +41,7 @@ CREDENTIALS_TTL_S = 1.0  # a key created or revoked by another process counts wi
 BEARER = re.compile(r"^\s*Bearer\s+(\S+)\s*$", re.IGNORECASE)
 RESPONSE_MODELS: dict[tuple[str, str], Any] = {
     ("POST", "/users/track"): TrackResponse, ("POST", "/users/export/ids"): ExportResponse}
-SUCCESS_STATUS: dict[tuple[str, str], int] = {  # for the document (SEMANTICS.md: success statuses)
+SUCCESS_STATUS: dict[tuple[str, str], int] = {  # for the document (docs/semantics.md: success statuses)
     ("POST", "/users/track"): 201, ("POST", "/users/merge"): 202, ("POST", "/catalogs"): 201,
     ("PUT", "/catalogs/{catalog_name}/items"): 202, ("DELETE", "/catalogs/{catalog_name}/items"): 202,
     ("POST", "/scim/v2/Users"): 201, ("DELETE", "/scim/v2/Users/{id}"): 204}

@@ -130,7 +130,7 @@ EXPORT_FIELDS = (
     "email", "external_id", "first_name", "gender", "home_city", "language", "last_coordinates",
     "last_name", "phone", "purchases", "push_tokens", "random_bucket", "time_zone",
     "total_revenue", "uninstalled_at", "user_aliases",
-    # accepted besides the specification's list (SEMANTICS.md section 6)
+    # accepted besides the specification's list (docs/semantics.md, export)
     "email_subscribe", "push_subscribe", "push_opted_in_at",
 )
 

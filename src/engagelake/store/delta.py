@@ -483,7 +483,7 @@ class DeltaStore:
             version = head.versions.get(name, 0)
             if self.local and name in head.versions and not self._log_entry(name, version + 1).exists():
                 continue  # no commit after the ledger's version: nothing to roll back (loading
-                # each of the 41 tables cost a small batch's commit 140 ms)
+                # each of the 34 tables cost a small batch's commit 140 ms)
             if not DeltaTable.is_deltatable(self._path(name)):
                 continue
             table = DeltaTable(self._path(name))

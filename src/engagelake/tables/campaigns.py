@@ -1,4 +1,4 @@
-"""Store tables of campaigns and their translations, merged into store/schema.py.
+"""Store tables of campaigns and their translations, merged into tables/schema.py.
 
 Nested data is compact JSON text: the workspace's multi-language setting (`enabled`, `locales`)
 and each translation map (`{translation uuid: text}`).

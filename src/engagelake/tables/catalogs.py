@@ -1,4 +1,4 @@
-"""Store tables of catalogs: definitions and items, merged into store/schema.py.
+"""Store tables of catalogs: definitions and items, merged into tables/schema.py.
 
 Item values are compact JSON text (the whole item, `id` first, every catalog field present, null
 when not sent), so a catalog's fields can be read with DuckDB's JSON functions, e.g.
