@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import subprocess
 import sys
 from pathlib import Path
@@ -9,6 +10,7 @@ from pathlib import Path
 import orjson
 import polars as pl
 import pytest
+from polars.testing import assert_frame_equal
 from typer.testing import CliRunner
 
 from engagelake import Workspace
@@ -123,6 +125,53 @@ def test_a_bad_query_is_a_red_one_line_error(demo_run: tuple[Path, str]) -> None
     assert "Traceback" not in result.output
 
 
+SQL_QUERY = "select external_id, first_name, country, visits from profiles left join (select service_id, " \
+    "try_cast(value as bigint) as visits from attributes where name = 'visits') using (service_id) order by external_id"
+READERS = {"csv": pl.read_csv, "json": pl.read_json, "parquet": pl.read_parquet}
+
+
+@pytest.mark.parametrize("fmt", ["csv", "json", "parquet"])
+def test_sql_writes_every_row_to_a_file(demo_run: tuple[Path, str], tmp_path: Path, fmt: str) -> None:
+    root, _ = demo_run
+    out = tmp_path / "deeper" / f"result.{fmt}"
+
+    result = runner.invoke(app, ["sql", SQL_QUERY, "--format", fmt, "--out", str(out), "--store", str(root / "store")])
+
+    assert result.exit_code == 0, result.output
+    assert f"wrote 198 rows to {out}" in result.stdout.replace("\n", "")  # every row, not --limit's 50
+    assert_frame_equal(READERS[fmt](out), Workspace.open(root / "store").sql(SQL_QUERY))
+
+
+@pytest.mark.parametrize("fmt", ["csv", "json"])
+def test_sql_prints_csv_and_json_for_pipes(demo_run: tuple[Path, str], fmt: str) -> None:
+    root, _ = demo_run
+
+    result = runner.invoke(app, ["sql", SQL_QUERY, "-f", fmt, "--store", str(root / "store")])
+
+    assert result.exit_code == 0, result.output
+    assert result.stderr == ""
+    assert_frame_equal(READERS[fmt](io.BytesIO(result.stdout_bytes)), Workspace.open(root / "store").sql(SQL_QUERY))
+
+
+def test_sql_takes_the_format_from_the_out_suffix(demo_run: tuple[Path, str], tmp_path: Path) -> None:
+    root, _ = demo_run
+    query = "select * from events order by time, service_id, name"
+
+    result = runner.invoke(app, ["sql", query, "--out", str(tmp_path / "events.parquet"), "--store", str(root / "store")])
+
+    assert result.exit_code == 0, result.output
+    assert_frame_equal(pl.read_parquet(tmp_path / "events.parquet"), Workspace.open(root / "store").sql(query))
+
+
+def test_sql_csv_refuses_nested_columns_and_names_them(demo_run: tuple[Path, str]) -> None:
+    root, _ = demo_run
+
+    result = runner.invoke(app, ["sql", "select [1, 2] as pair", "-f", "csv", "--store", str(root / "store")])
+
+    assert result.exit_code == 1
+    assert result.stderr.startswith("error: csv cannot hold the nested column(s) pair; use --format json or parquet")
+
+
 def test_export_prints_the_api_response(demo_run: tuple[Path, str]) -> None:
     root, _ = demo_run
     args = [
@@ -179,6 +228,9 @@ def test_export_all_writes_both_files(demo_run: tuple[Path, str], tmp_path: Path
         (["export", "-e", "u1", "--fields", "first_name,shoe_size"], "unknown field(s) shoe_size"),
         (["sql", "select 1", "--store", "no/such/store"], "no store at 'no/such/store'"),
         (["apply", "no/such/file.ndjson"], "no such request file: no/such/file.ndjson"),
+        (["sql", "select 1", "-f", "parquet"], "--format parquet writes a binary file: add --out PATH"),
+        (["sql", "select 1", "-f", "table", "--out", "x.csv"], "the table format prints to the screen: add --format"),
+        (["sql", "select 1", "--out", "x.txt"], "cannot tell the format of --out x.txt from its suffix"),
     ],
 )
 def test_bad_input_says_what_to_fix(args: list[str], message: str, tmp_path: Path) -> None:

@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
+from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
@@ -72,6 +73,15 @@ def main(
     ] = False,
 ) -> None:
     """engagelake: the customer-engagement REST API (/users/track, /users/export/ids, ...) as vectorized Polars/DuckDB rules over Delta Lake tables."""
+
+
+class SqlFormat(StrEnum):
+    """What `engagelake sql` writes."""
+
+    table = "table"
+    csv = "csv"
+    json = "json"
+    parquet = "parquet"
 
 
 # --- commands ------------------------------------------------------------------------------------
@@ -257,21 +267,42 @@ def sql(
         ),
     ],
     store: Store = DEFAULT_STORE,
-    limit: Annotated[int, typer.Option(min=1, help="Show at most this many rows.")] = 50,
+    limit: Annotated[
+        int, typer.Option(min=1, help="Show at most this many rows (table format; the other formats hold every row).")
+    ] = 50,
+    format_: Annotated[
+        SqlFormat | None,
+        typer.Option("--format", "-f", show_default=False,
+                     help="table (the default): a table on screen, at most --limit rows; csv; json: one JSON "
+                     "array of row objects; parquet (needs --out). With --out and no --format, the file's "
+                     "suffix (.csv, .json, .parquet) names the format."),
+    ] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option("--out", "-o", show_default=False,
+                     help="Write the result to this file instead of printing it (csv, json or parquet)."),
+    ] = None,
 ) -> None:
-    """Run a DuckDB SQL query over the store and print the result as a table.
+    """Run a DuckDB SQL query over the store; print the result or write it to a file.
 
-    Example: engagelake sql "select name, count(*) as n from events group by name order by n desc"
+    Examples:
+      engagelake sql "select name, count(*) as n from events group by name"
+      engagelake sql "select * from profiles" --format csv > profiles.csv
+      engagelake sql "select * from purchases" --out purchases.parquet
     """
     import duckdb
 
+    chosen = _sql_format(format_, out)
     with _input_errors():
         workspace = _open_existing(store)
         try:
             frame = workspace.sql(query)
         except duckdb.Error as error:
             _fail(f"SQL error: {str(error).splitlines()[0]}")
-    _print_frame(frame, limit)
+        if chosen is SqlFormat.table:
+            _print_frame(frame, limit)
+        else:
+            _write_frame(frame, chosen, out)
 
 
 @app.command()
@@ -803,6 +834,34 @@ def _print_frame(frame: Any, limit: int) -> None:
     _console().print(table)
     if frame.height > limit:
         _console().print(f"[dim]… {frame.height - limit:,} more rows (--limit {limit})[/dim]")
+
+
+def _sql_format(chosen: SqlFormat | None, out: Path | None) -> SqlFormat:
+    """The format `engagelake sql` writes: --format, else the suffix of --out, else a table."""
+    if chosen is None and out is not None:
+        suffixes = {f".{f.value}": f for f in SqlFormat if f is not SqlFormat.table}
+        if out.suffix.lower() not in suffixes:
+            _fail(f"cannot tell the format of --out {out} from its suffix; add --format csv, json or parquet, "
+                  "or name the file .csv, .json or .parquet")
+        return suffixes[out.suffix.lower()]
+    if chosen is SqlFormat.table and out is not None:
+        _fail("--out writes a file, the table format prints to the screen: add --format csv, json or parquet")
+    if chosen is SqlFormat.parquet and out is None:
+        _fail("--format parquet writes a binary file: add --out PATH, e.g. --out result.parquet")
+    return chosen or SqlFormat.table
+
+
+def _write_frame(frame: Any, chosen: SqlFormat, out: Path | None) -> None:
+    """Write a polars frame as csv, a JSON array or Parquet: to `out`, or (csv, json) to stdout."""
+    if chosen is SqlFormat.csv and (nested := [n for n, t in frame.schema.items() if t.is_nested()]):
+        _fail(f"csv cannot hold the nested column(s) {', '.join(nested)}; use --format json or parquet, "
+              f"or turn them into text in the query, e.g. to_json({nested[0]})")
+    if out is None:
+        typer.echo(frame.write_csv() if chosen is SqlFormat.csv else frame.write_json(), nl=chosen is SqlFormat.json)
+        return
+    out.parent.mkdir(parents=True, exist_ok=True)
+    {"csv": frame.write_csv, "json": frame.write_json, "parquet": frame.write_parquet}[chosen.value](out)
+    _console().print(f"wrote {frame.height:,} rows to {out}", markup=False)
 
 
 def _print_rows(rows: list[dict[str, Any]], columns: dict[str, str]) -> None:
