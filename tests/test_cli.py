@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -315,22 +316,69 @@ def test_apply_a_broken_file_is_a_red_error(tmp_path: Path) -> None:
     assert "broken.ndjson line 1: 'path' must be a string" in result.stderr
 
 
-def test_lineage_shows_merges_renames_and_skips(tmp_path: Path) -> None:
-    store = tmp_path / "store"
+def _merged_chain(store: Path) -> Workspace:
+    """user-3 merged into user-2, user-2 into user-1, two skipped merges, user-1 renamed."""
     ws = Workspace.open(store)
-    ws.call("POST", "/users/track", {"attributes": [{"external_id": "a"}, {"external_id": "b"}]})
+    ws.call("POST", "/users/track", {"attributes": [{"external_id": f"user-{i}"} for i in (1, 2, 3)]})
     ws.call("POST", "/users/merge", {"merge_updates": [
-        {"identifier_to_merge": {"external_id": "a"}, "identifier_to_keep": {"external_id": "b"}},
-        {"identifier_to_merge": {"external_id": "ghost"}, "identifier_to_keep": {"external_id": "b"}}]})
+        {"identifier_to_merge": {"external_id": "user-3"}, "identifier_to_keep": {"external_id": "user-2"}}]})
+    ws.call("POST", "/users/merge", {"merge_updates": [
+        {"identifier_to_merge": {"external_id": "user-2"}, "identifier_to_keep": {"external_id": "user-1"}},
+        {"identifier_to_merge": {"external_id": "ghost"}, "identifier_to_keep": {"external_id": "user-1"}},
+        {"identifier_to_merge": {"external_id": "ghost"}, "identifier_to_keep": {"external_id": "nobody"}}]})
     ws.call("POST", "/users/external_ids/rename", {"external_id_renames": [
-        {"current_external_id": "b", "new_external_id": "b2"}]})
+        {"current_external_id": "user-1", "new_external_id": "customer-1"}]})
+    return ws
 
-    result = CliRunner(env={"COLUMNS": "250"}).invoke(app, ["lineage", "a", "--store", str(store)])
+
+def _no_times(text: str) -> str:
+    return re.sub(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", "<time>", text)
+
+
+def test_lineage_prints_a_tree_with_merged_profiles_nested(tmp_path: Path) -> None:
+    ws = _merged_chain(tmp_path / "store")
+    sid = {orjson.loads(r["source"])["external_id"]: r["source_sid"][:8]
+           for r in ws.lineage("user-3").iter_rows(named=True) if r["kind"] == "rename" or r["outcome"] == "applied"}
+
+    result = CliRunner(env={"COLUMNS": "120"}).invoke(app, ["lineage", "user-3", "--store", str(tmp_path / "store")])
 
     assert result.exit_code == 0, result.output
-    rows = [line for line in result.output.splitlines() if line.startswith("│")]
-    assert [r.split("│")[1].strip() for r in rows] == ["merge", "merge", "rename"]
-    assert "unresolvable: identifier_to_merge" in result.output
+    assert _no_times(result.stdout) == f"""\
+external_id user-3: 4 lineage row(s)
+└── profile {sid["user-1"]} (live)
+    ├── <time>  merge user-2 → user-1  (profile {sid["user-2"]} merged in)
+    │   └── <time>  merge user-3 → user-2  (profile {sid["user-3"]} merged in)
+    ├── <time>  merge ghost → user-1  skipped: unresolvable: identifier_to_merge
+    └── <time>  rename user-1 → customer-1
+"""
+
+
+def test_lineage_puts_steps_that_resolved_to_no_profile_apart(tmp_path: Path) -> None:
+    _merged_chain(tmp_path / "store")
+
+    result = CliRunner(env={"COLUMNS": "120"}).invoke(app, ["lineage", "nobody", "--store", str(tmp_path / "store")])
+
+    assert result.exit_code == 0, result.output
+    assert _no_times(result.stdout) == """\
+external_id nobody: 1 lineage row(s)
+└── steps that resolved to no profile
+    └── <time>  merge ghost → nobody  skipped: unresolvable: identifier_to_merge
+"""
+
+
+def test_lineage_table_and_json_formats(tmp_path: Path) -> None:
+    ws = _merged_chain(tmp_path / "store")
+    args = ["lineage", "user-1", "--store", str(tmp_path / "store")]
+
+    table = CliRunner(env={"COLUMNS": "250"}).invoke(app, [*args, "--format", "table"])
+    as_json = runner.invoke(app, [*args, "-f", "json"])
+
+    assert table.exit_code == 0 and as_json.exit_code == 0, table.output + as_json.output
+    rows = [line for line in table.stdout.splitlines() if line.startswith("│")]
+    assert [r.split("│")[1].strip() for r in rows] == ["merge", "merge", "merge", "rename"]
+    assert "unresolvable: identifier_to_merge" in table.stdout
+    assert_frame_equal(pl.read_json(io.BytesIO(as_json.stdout_bytes)),
+                       ws.lineage("user-1").with_columns(pl.col("at").dt.strftime("%Y-%m-%dT%H:%M:%S%.6f+00:00")))
 
 
 def test_lineage_of_an_unknown_identifier_says_so(tmp_path: Path) -> None:

@@ -84,6 +84,14 @@ class SqlFormat(StrEnum):
     parquet = "parquet"
 
 
+class LineageFormat(StrEnum):
+    """What `engagelake lineage` prints."""
+
+    tree = "tree"
+    table = "table"
+    json = "json"
+
+
 # --- commands ------------------------------------------------------------------------------------
 @app.command()
 def demo(
@@ -318,25 +326,40 @@ def lineage(
                      "service_id, email or phone."),
     ] = "external_id",
     store: Store = DEFAULT_STORE,
-    limit: Annotated[int, typer.Option(min=1, help="Show at most this many rows.")] = 200,
+    limit: Annotated[
+        int, typer.Option(min=1, help="Show at most this many rows (tree and table; json holds every row).")
+    ] = 200,
+    format_: Annotated[
+        LineageFormat,
+        typer.Option("--format", "-f", help="tree: each surviving profile with its steps, merged profiles "
+                     "nested under their merge; table: one row per step; json: one JSON array of the "
+                     "lineage rows, every column."),
+    ] = LineageFormat.tree,
 ) -> None:
-    """Show a user's history: every merge, identify, rename, remove, alias change and delete that
-    touched the profiles this identifier names or named, skipped ones with their reason.
+    """Show a user's history as a tree: merges, identifies, renames, removes, alias changes, deletes.
 
-    Example: engagelake lineage user-42
+    Every step that touched the profiles this identifier names or named is shown, skipped ones with their reason; a profile merged into another is nested, with its own earlier history, under the merge that folded it in.
+
+    Examples:
+      engagelake lineage user-000050
+      engagelake lineage crm:4711 --kind user_alias --format json
     """
     with _input_errors():
         workspace = _open_existing(store)
         try:
             rows = workspace.lineage(identifier, kind=kind)
         except ValueError as error:
-            _fail(str(error))
-    if rows.height == 0:
-        _console().print(f"no lineage for {kind} {identifier!r}")
-        return
-    from engagelake.rules.identity.lineage import describe
+            _fail(f"{error}: pass one with --kind")
+    if format_ is LineageFormat.json:
+        typer.echo(rows.write_json())
+    elif rows.height == 0:
+        _console().print(f"no lineage for {kind} {identifier!r}", markup=False)
+    elif format_ is LineageFormat.table:
+        from engagelake.rules.identity.lineage import describe
 
-    _print_frame(describe(rows), limit)
+        _print_frame(describe(rows), limit)
+    else:
+        _print_lineage_tree(f"{kind} {identifier}", rows, limit)
 
 
 @app.command()
@@ -657,9 +680,7 @@ def _merge_duplicates(users: int, store: str, folder: Path) -> list[str]:
 def _print_lineage(workspace: Workspace, external_id: str) -> None:
     rows = workspace.lineage(external_id)
     _console().print(f"\nLineage: engagelake lineage {external_id}")
-    from engagelake.rules.identity.lineage import describe
-
-    _print_frame(describe(rows), 10)
+    _print_lineage_tree(f"external_id {external_id}", rows, 10)
 
 
 def _remove_demo_files(folder: Path) -> None:
@@ -862,6 +883,43 @@ def _write_frame(frame: Any, chosen: SqlFormat, out: Path | None) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     {"csv": frame.write_csv, "json": frame.write_json, "parquet": frame.write_parquet}[chosen.value](out)
     _console().print(f"wrote {frame.height:,} rows to {out}", markup=False)
+
+
+def _print_lineage_tree(title: str, rows: Any, limit: int) -> None:
+    """Print lineage rows (the first `limit`) as a rich tree: each profile not merged away, its
+    steps in order, and under each applied merge the merged profile's own steps."""
+    from rich.markup import escape
+    from rich.tree import Tree
+
+    from engagelake.rules.identity.lineage import LineageStep, ProfileHistory, lineage_tree
+
+    def step_text(step: LineageStep) -> str:
+        text = f"[dim]{step.at:%Y-%m-%d %H:%M:%S}[/dim]  [bold]{step.kind}[/bold] {escape(step.source or '')}"
+        text += f" → {escape(step.target)}" if step.target is not None else ""
+        if step.merged is not None:
+            text += f"  [dim](profile {step.merged.service_id[:8]} merged in)[/dim]"
+        if step.outcome != "applied":
+            text += f"  [yellow]{escape(step.outcome)}: {escape(step.reason or 'no reason given')}[/yellow]"
+        return text
+
+    def add_steps(branch: Tree, history: ProfileHistory) -> None:
+        for step in history.steps:
+            node = branch.add(step_text(step))
+            if step.merged is not None:
+                add_steps(node, step.merged)
+
+    roots, loose = lineage_tree(rows.head(limit))
+    tree = Tree(f"[bold]{escape(title)}[/bold]: {rows.height:,} lineage row(s)")
+    for root in roots:
+        state = "[red]deleted[/red]" if root.deleted else "[green]live[/green]"
+        add_steps(tree.add(f"profile {root.service_id[:8]} ({state})"), root)
+    if loose:
+        branch = tree.add("[dim]steps that resolved to no profile[/dim]")
+        for step in loose:
+            branch.add(step_text(step))
+    _console().print(tree)
+    if rows.height > limit:
+        _console().print(f"[dim]… {rows.height - limit:,} more rows (--limit {limit})[/dim]")
 
 
 def _print_rows(rows: list[dict[str, Any]], columns: dict[str, str]) -> None:
