@@ -126,6 +126,24 @@ def test_a_bad_query_is_a_red_one_line_error(demo_run: tuple[Path, str]) -> None
     assert "Traceback" not in result.output
 
 
+def test_demo_rerun_says_it_replayed_instead_of_a_throughput(tmp_path: Path, prefect_harness: None) -> None:
+    args = ["demo", "--users", "60", "--objects", "400", "--per-file", "2", "--store", str(tmp_path / "store"),
+            "--requests-dir", str(tmp_path / "requests")]
+    wide = CliRunner(env={"COLUMNS": "200"})
+
+    first, again = wide.invoke(app, args), wide.invoke(app, args)
+
+    assert first.exit_code == 0 and again.exit_code == 0, first.output + again.output
+    files = len(list((tmp_path / "requests").glob("requests-*[0-9].ndjson")))
+    assert files > 1 and "already applied" not in first.stdout
+    row = [c.strip() for c in next(line for line in first.stdout.splitlines() if line.startswith("│")).split("│")[1:-1]]
+    assert row[3:5] == [str(files), "400"] and float(row[5]) > 0 and row[6] != "–"
+    assert f"All {files} request files were already applied to this store: an idempotent replay, nothing written " \
+           "again, so no throughput to show." in again.stdout
+    row = [c.strip() for c in next(line for line in again.stdout.splitlines() if line.startswith("│")).split("│")[1:-1]]
+    assert row[3:] == ["0", "0", "–", "–"]
+
+
 SQL_QUERY = "select external_id, first_name, country, visits from profiles left join (select service_id, " \
     "try_cast(value as bigint) as visits from attributes where name = 'visits') using (service_id) order by external_id"
 READERS = {"csv": pl.read_csv, "json": pl.read_json, "parquet": pl.read_parquet}

@@ -128,14 +128,13 @@ def demo(
             _console().print(f"creating a new store at {store}")
         else:
             _console().print(f"adding to the store at {store} (its earlier batches stay)")
-        paths, file_objects, seconds = _run_demo(
-            users, objects, store, seed, requests_dir, per_file
-        )
+        started = datetime.now(UTC)
+        applied, objects_by_file = _run_demo(users, objects, store, seed, requests_dir, per_file)
         from engagelake import Workspace
 
         merged = _merge_duplicates(users, store, requests_dir.parent / "merges")
         workspace = Workspace.open(store)
-        _print_summary(workspace, len(paths), sum(file_objects), seconds)
+        _print_summary(workspace, applied, objects_by_file, _replayed(workspace, applied, started))
         _print_sample(workspace)
         if merged:
             _print_lineage(workspace, merged[0])
@@ -602,9 +601,9 @@ def scim_tokens_revoke(
 # --- demo steps ----------------------------------------------------------------------------------
 def _run_demo(
     users: int, objects: int, store: str, seed: int, requests_dir: Path, per_file: int
-) -> tuple[list[Path], list[int], float]:
+) -> tuple[list[AppliedFile], dict[Path, int]]:
     """Write the workload's request files, then apply them with the track_batch flow under
-    progress bars; return the files, the objects in each, and the seconds the flow took."""
+    progress bars; return what applying each file gave and the objects in each file."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from engagelake.demo import count_objects, generate_workload, write_request_files
@@ -632,14 +631,26 @@ def _run_demo(
         midnight = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
         workload = generate_workload(users, objects, seed, now=midnight)
         paths = write_request_files(counted(workload), requests_dir, per_file)
+        objects_by_file = dict(zip(paths, file_objects, strict=True))
         applying = progress.add_task("Applying (track_batch flow)", total=sum(file_objects))
         started = time.perf_counter()
-        applied = _apply_with_flow(
-            requests_dir, store, progress, applying, dict(zip(paths, file_objects, strict=True))
-        )
+        applied = _apply_with_flow(requests_dir, store, progress, applying, objects_by_file)
         wall = time.perf_counter() - started
     _console().print(f"[dim]flow wall time {wall:,.1f} s, including Prefect's start[/dim]")
-    return paths, file_objects, sum(a.seconds for a in applied)
+    return applied, objects_by_file
+
+
+def _replayed(workspace: Workspace, applied: list[AppliedFile], started: datetime) -> set[Path]:
+    """The request files whose batch was committed before `started`: applying them again was
+    an idempotent replay that wrote nothing."""
+    from engagelake.files import read_request_file
+
+    replayed = set()
+    for file in applied:
+        committed_at = workspace.batch_committed_at(read_request_file(file.path).idempotency_key)
+        if committed_at is not None and committed_at < started:
+            replayed.add(file.path)
+    return replayed
 
 
 def _apply_with_flow(
@@ -690,30 +701,34 @@ def _remove_demo_files(folder: Path) -> None:
             path.unlink()
 
 
-def _print_summary(workspace: Workspace, files: int, objects: int, seconds: float) -> None:
-    """Users, events and purchases in the store; files, objects and apply throughput of the run
-    (`seconds` is the time spent in `Workspace.apply`, without Prefect's start-up)."""
+def _print_summary(
+    workspace: Workspace, applied: list[AppliedFile], objects_by_file: dict[Path, int], replayed: set[Path]
+) -> None:
+    """Users, events and purchases in the store; files, objects and apply throughput of the
+    files this run applied (time spent in `Workspace.apply`, without Prefect's start-up). Files
+    already applied before (a re-run over the same store) were replays: no throughput for them."""
     from rich.table import Table
 
     counts = workspace.sql(
         "select (select count(*) from profiles) as users, (select count(*) from events) as events, "
         "(select count(*) from purchases) as purchases"
     ).row(0, named=True)
+    new = [file for file in applied if file.path not in replayed]
+    objects, seconds = sum(objects_by_file.get(f.path, 0) for f in new), sum(f.seconds for f in new)
     table = Table(
-        "users",
-        "events",
-        "purchases",
-        "files",
-        "objects",
-        "seconds",
-        "objects/s",
-        title="engagelake demo",
+        "users", "events", "purchases", "files applied", "objects", "seconds", "objects/s", title="engagelake demo"
     )
     table.add_row(
-        f"{counts['users']:,}", f"{counts['events']:,}", f"{counts['purchases']:,}", f"{files:,}",
-        f"{objects:,}", f"{seconds:,.1f}", f"{objects / max(seconds, 1e-9):,.0f}",
+        f"{counts['users']:,}", f"{counts['events']:,}", f"{counts['purchases']:,}", f"{len(new):,}",
+        f"{objects:,}", f"{seconds:,.1f}" if new else "–", f"{objects / max(seconds, 1e-9):,.0f}" if new else "–",
     )  # fmt: skip
     _console().print(table)
+    if replayed:
+        which = "All" if not new else f"{len(replayed):,} of the"
+        _console().print(
+            f"{which} {len(applied):,} request files were already applied to this store: an idempotent replay, "
+            "nothing written again" + (", so no throughput to show" if not new else ", not counted above")
+            + ". Measure with a new --store, or another --seed or --objects.")
 
 
 def _print_sample(workspace: Workspace) -> None:

@@ -697,6 +697,14 @@ class Workspace:
         of the profiles merged with them, in order."""
         return lineage_rows(self.state, identifier, kind=kind)
 
+    @_store_errors
+    def batch_committed_at(self, idempotency_key: str) -> datetime | None:
+        """When the batch with this idempotency key was committed, or None if none was: `apply`
+        with a key already committed is a replay that answers the stored responses and writes
+        nothing."""
+        stored = self.store.find_batch(idempotency_key)
+        return None if stored is None else stored.committed_at
+
     # --- resources: friendly methods over `call` ------------------------------------------------
     @property
     def scim(self) -> Scim:
