@@ -136,6 +136,7 @@ def test_demo_rerun_says_it_replayed_instead_of_a_throughput(tmp_path: Path, pre
     assert first.exit_code == 0 and again.exit_code == 0, first.output + again.output
     files = len(list((tmp_path / "requests").glob("requests-*[0-9].ndjson")))
     assert files > 1 and "already applied" not in first.stdout
+    assert "Generating requests" not in first.output  # progress bars only on a terminal's stderr
     row = [c.strip() for c in next(line for line in first.stdout.splitlines() if line.startswith("│")).split("│")[1:-1]]
     assert row[3:5] == [str(files), "400"] and float(row[5]) > 0 and row[6] != "–"
     assert f"All {files} request files were already applied to this store: an idempotent replay, nothing written " \
@@ -303,6 +304,29 @@ def test_apply_of_accepted_requests_exits_0(tmp_path: Path) -> None:
     result = runner.invoke(app, ["apply", str(path), "--store", str(tmp_path / "store")])
     assert result.exit_code == 0, result.output
     assert "rejected" not in result.stdout
+
+
+@pytest.mark.parametrize("terminal", [False, True])
+def test_progress_goes_to_stderr_and_only_to_a_terminal(tmp_path: Path, terminal: bool) -> None:
+    requests = tmp_path / "requests"
+    requests.mkdir()
+    for n in (1, 2):
+        (requests / f"b{n}.ndjson").write_bytes(orjson.dumps({"method": "POST", "path": "/users/track",
+                                                              "body": {"attributes": [{"external_id": f"u{n}"}]}}))
+    store = str(tmp_path / "store")
+    shell = CliRunner(env={"TTY_COMPATIBLE": "1" if terminal else "0", "COLUMNS": "120"})
+
+    results = {
+        "Applying": shell.invoke(app, ["apply", str(requests), "--store", store]),
+        "Exporting every user": shell.invoke(app, ["export", "--all", "--out", str(tmp_path / "out"), "--store", store]),
+        "Compacting": shell.invoke(app, ["compact", "--store", store]),
+    }
+
+    for label, result in results.items():
+        assert result.exit_code == 0, result.output
+        assert label not in result.stdout  # piped output stays clean
+        assert (label in result.stderr) is terminal, result.stderr
+    assert len((tmp_path / "out" / "users.ndjson").read_bytes().splitlines()) == 2
 
 
 def test_version_prints_the_installed_version() -> None:

@@ -125,9 +125,9 @@ def demo(
         from engagelake.store.delta import store_state
 
         if store_state(store) == "new":  # refuses a file, or a folder of other things, before any work
-            _console().print(f"creating a new store at {store}")
+            _say(f"creating a new store at {store}", markup=False)
         else:
-            _console().print(f"adding to the store at {store} (its earlier batches stay)")
+            _say(f"adding to the store at {store} (its earlier batches stay)", markup=False)
         started = datetime.now(UTC)
         applied, objects_by_file = _run_demo(users, objects, store, seed, requests_dir, per_file)
         from engagelake import Workspace
@@ -165,6 +165,7 @@ def apply_files(
 
     Example: engagelake apply data/demo/requests --store data/store
     """
+    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
     from engagelake import Workspace
@@ -180,27 +181,32 @@ def apply_files(
         table = Table("file", "requests", "statuses", "non-fatal errors", "seconds")
         table.columns[0].overflow = "fold"
         rejected: list[tuple[str, int, int, str]] = []  # (file, line, status, message)
-        for path in paths:
-            batch = read_request_file(path)
-            started = time.perf_counter()
-            responses = workspace.apply(batch.iter_requests(), idempotency_key=batch.idempotency_key)
-            applied = write_responses_file(batch, responses, seconds=time.perf_counter() - started)
-            table.add_row(*_applied_row(applied))
-            rejected += [(path.name, line, r.status, _message(r.body))
-                         for line, r in enumerate(responses, 1) if r.status >= 400]
-        with _console().status("Merging sorted runs"):  # they follow each commit, in a thread
+        columns = (TextColumn("Applying {task.fields[file]}"), BarColumn(), MofNCompleteColumn(),
+                   TextColumn("files"), TimeElapsedColumn())
+        with _progress(*columns, transient=True) as progress:
+            task = progress.add_task("apply", total=len(paths), file="")
+            for path in paths:
+                progress.update(task, file=path.name)
+                batch = read_request_file(path)
+                started = time.perf_counter()
+                responses = workspace.apply(batch.iter_requests(), idempotency_key=batch.idempotency_key)
+                applied = write_responses_file(batch, responses, seconds=time.perf_counter() - started)
+                table.add_row(*_applied_row(applied))
+                rejected += [(path.name, line, r.status, _message(r.body))
+                             for line, r in enumerate(responses, 1) if r.status >= 400]
+                progress.advance(task)
+        with _stderr().status("Merging sorted runs"):  # they follow each commit, in a thread
             workspace.close()
     _console().print(table)
     for error in workspace.store.merge_errors:  # the batches are committed: a warning, not a failure
-        _console().print(f"[yellow]warning:[/yellow] merging sorted runs failed ({error}); nothing is lost, "
-                         "the next batch merges again")
-    _console().print("Responses are beside each file as <stem>.responses.ndjson.")
+        _say(f"[yellow]warning:[/yellow] merging sorted runs failed ({_cell(error)}); nothing is lost, "
+             "the next batch merges again")
+    _say("Responses are beside each file as <stem>.responses.ndjson.")
     if rejected:
         shown = rejected[:REJECTIONS_SHOWN]
-        _console().print(f"[red]{len(rejected):,} request(s) rejected[/red] (the others are committed); "
-                         f"first {len(shown)}:")
+        _say(f"[red]{len(rejected):,} request(s) rejected[/red] (the others are committed); first {len(shown)}:")
         for name, line, status, message in shown:
-            _console().print(f"  {name} line {line}: {status} {message}", markup=False)
+            _say(f"  {name} line {line}: {status} {message}", markup=False)
         if not allow_errors:
             raise typer.Exit(1)
 
@@ -352,7 +358,7 @@ def lineage(
     if format_ is LineageFormat.json:
         typer.echo(rows.write_json())
     elif rows.height == 0:
-        _console().print(f"no lineage for {kind} {identifier!r}", markup=False)
+        _say(f"no lineage for {kind} {identifier!r}", markup=False)
     elif format_ is LineageFormat.table:
         from engagelake.rules.identity.lineage import describe
 
@@ -365,10 +371,20 @@ def lineage(
 def compact(store: Store = DEFAULT_STORE) -> None:
     """Rewrite every table to its current rows and delete files no version needs any more
     (after a delete, the user's data is then gone from disk). Readers must reopen afterwards."""
+    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+
+    columns = (TextColumn("Compacting {task.fields[table]:<30}"), BarColumn(), MofNCompleteColumn(),
+               TextColumn("tables"), TimeElapsedColumn())
     with _input_errors():
         workspace = _open_existing(store)
-        kept = workspace.compact()
-    _console().print("compacted: " + ", ".join(f"{name} {rows:,}" for name, rows in kept.items()))
+        with _progress(*columns, transient=True) as progress:
+            task = progress.add_task("compact", total=None, table="")
+
+            def on_table(name: str, done: int, total: int) -> None:
+                progress.update(task, completed=done, total=total, table=name)
+
+            kept = workspace.compact(on_table=on_table)
+    _say("compacted: " + ", ".join(f"{name} {rows:,}" for name, rows in kept.items()))
 
 
 @app.command()
@@ -377,7 +393,7 @@ def cleanup_push_profiles(store: Store = DEFAULT_STORE) -> None:
     any more (the monthly check; the flow cleanup_push_token_profiles runs the same)."""
     with _input_errors():
         deleted = _open_existing(store).cleanup_push_profiles()
-    _console().print(f"deleted {deleted:,} temporary anonymous profiles without a push token")
+    _say(f"deleted {deleted:,} temporary anonymous profiles without a push token")
 
 
 @app.command()
@@ -397,11 +413,11 @@ def publish(
     """
     with _input_errors():
         workspace = _open_existing(store)
-        with _console().status("publishing current rows..."):
+        with _stderr().status("Publishing current rows"):
             rows = workspace.publish(out)
     target = out or f"{store.rstrip('/')}/current"
-    _console().print(f"published batch {workspace.store.head.batch_no} to {target}: "
-                     + ", ".join(f"{name} {n:,}" for name, n in rows.items()))
+    _say(f"published batch {workspace.store.head.batch_no} to {target}: "
+         + ", ".join(f"{name} {n:,}" for name, n in rows.items()), markup=False)
 
 
 @app.command()
@@ -558,7 +574,7 @@ def keys_revoke(
     """Revoke an API key: a running server refuses it within a second."""
     with _input_errors():
         _open_existing(store).credentials.revoke_key(name)
-    _console().print(f"revoked API key {name!r}")
+    _say(f"revoked API key {name!r}", markup=False)
 
 
 @scim_tokens_app.command("create")
@@ -595,7 +611,7 @@ def scim_tokens_revoke(
     """Revoke a SCIM token: a running server refuses it within a second."""
     with _input_errors():
         _open_existing(store).credentials.revoke_scim_token(token_id)
-    _console().print(f"revoked SCIM token {token_id!r}")
+    _say(f"revoked SCIM token {token_id!r}", markup=False)
 
 
 # --- demo steps ----------------------------------------------------------------------------------
@@ -604,7 +620,7 @@ def _run_demo(
 ) -> tuple[list[AppliedFile], dict[Path, int]]:
     """Write the workload's request files, then apply them with the track_batch flow under
     progress bars; return what applying each file gave and the objects in each file."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 
     from engagelake.demo import count_objects, generate_workload, write_request_files
 
@@ -616,7 +632,7 @@ def _run_demo(
         MofNCompleteColumn(),
         TimeElapsedColumn(),
     )
-    with Progress(*columns, console=_console()) as progress:
+    with _progress(*columns) as progress:
         generating = progress.add_task("Generating requests", total=objects)
 
         def counted(requests: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
@@ -636,7 +652,7 @@ def _run_demo(
         started = time.perf_counter()
         applied = _apply_with_flow(requests_dir, store, progress, applying, objects_by_file)
         wall = time.perf_counter() - started
-    _console().print(f"[dim]flow wall time {wall:,.1f} s, including Prefect's start[/dim]")
+    _say(f"[dim]flow wall time {wall:,.1f} s, including Prefect's start[/dim]")
     return applied, objects_by_file
 
 
@@ -669,7 +685,7 @@ def _merge_duplicates(users: int, store: str, folder: Path) -> list[str]:
     """Merge user-(i+51) into user-(i+50) for every hundred users, with the merge_batch flow;
     return the external IDs kept."""
     import orjson
-    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+    from rich.progress import SpinnerColumn, TextColumn, TimeElapsedColumn
 
     from flows.track_batch import merge_batch
 
@@ -682,7 +698,7 @@ def _merge_duplicates(users: int, store: str, folder: Path) -> list[str]:
                 for i in range(0, len(updates), 50)]
     (folder / "merges-000.ndjson").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in requests))
     columns = (TextColumn("{task.description:<28}"), SpinnerColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=_console()) as progress:
+    with _progress(*columns) as progress:
         progress.add_task(f"Merging {len(pairs):,} duplicates (merge_batch flow)", total=None)
         merge_batch(str(folder), store)
     return [keep for _, keep in pairs]
@@ -690,7 +706,7 @@ def _merge_duplicates(users: int, store: str, folder: Path) -> list[str]:
 
 def _print_lineage(workspace: Workspace, external_id: str) -> None:
     rows = workspace.lineage(external_id)
-    _console().print(f"\nLineage: engagelake lineage {external_id}")
+    _say(f"\nLineage: engagelake lineage {external_id}", markup=False)
     _print_lineage_tree(f"external_id {external_id}", rows, 10)
 
 
@@ -725,7 +741,7 @@ def _print_summary(
     _console().print(table)
     if replayed:
         which = "All" if not new else f"{len(replayed):,} of the"
-        _console().print(
+        _say(
             f"{which} {len(applied):,} request files were already applied to this store: an idempotent replay, "
             "nothing written again" + (", so no throughput to show" if not new else ", not counted above")
             + ". Measure with a new --store, or another --seed or --objects.")
@@ -739,7 +755,7 @@ def _print_sample(workspace: Workspace) -> None:
     response = workspace.call(
         "POST", "/users/export/ids", {"external_ids": ids, "fields_to_export": SAMPLE_FIELDS}
     )
-    _console().print(f"\nSample export: POST /users/export/ids {ids}")
+    _say(f"\nSample export: POST /users/export/ids {ids}", markup=False)
     _console().print_json(data=response.body)
 
 
@@ -762,6 +778,27 @@ def _fail(message: str) -> NoReturn:
 
     Console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/bold red] {escape(message)}")
     raise typer.Exit(1)
+
+
+def _stderr() -> Any:
+    """The stderr console: progress and status displays go there, never into piped output."""
+    from rich.console import Console
+
+    return Console(stderr=True)
+
+
+def _progress(*columns: Any, transient: bool = False) -> Progress:
+    """A rich progress display on stderr, shown only when stderr is a terminal (not in pipes,
+    logs or tests, where a redrawn bar would garble the text)."""
+    from rich.progress import Progress
+
+    console = _stderr()
+    return Progress(*columns, console=console, transient=transient, disable=not console.is_terminal)
+
+
+def _say(message: str, *, markup: bool = True) -> None:
+    """Print a message on stdout, unwrapped (a terminal wraps it; a pipe gets it whole)."""
+    _console().print(message, markup=markup, soft_wrap=True)
 
 
 def _console() -> Any:
@@ -819,14 +856,22 @@ def _export_ids(
 
 def _write_every_user(workspace: Workspace, fields: list[str] | None, out: Path) -> None:
     """Stream every user into users.ndjson and users.parquet in `out`, chunk by chunk."""
-    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     from engagelake.files import write_user_chunks
     from engagelake.rules.messages import EXPORT_FIELDS
 
-    columns = (SpinnerColumn(), TextColumn("Exporting every user: {task.completed:,} so far"), TimeElapsedColumn())
-    with Progress(*columns, console=_console(), transient=True) as progress:
-        task = progress.add_task("export", total=None)
+    users = workspace.sql("select count(*) as n from profiles")["n"][0]
+    columns = (TextColumn("Exporting every user"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+               TimeRemainingColumn())
+    with _progress(*columns, transient=True) as progress:
+        task = progress.add_task("export", total=users)
 
         def chunks() -> Iterator[list[dict[str, Any]]]:
             for chunk in workspace.iter_users(fields):
@@ -834,7 +879,7 @@ def _write_every_user(workspace: Workspace, fields: list[str] | None, out: Path)
                 progress.advance(task, len(chunk))
 
         ndjson, parquet, count = write_user_chunks(chunks(), out, fields or list(EXPORT_FIELDS))
-    _console().print(f"wrote {count:,} users to {ndjson} and {parquet}")
+    _say(f"wrote {count:,} users to {ndjson} and {parquet}", markup=False)
 
 
 def _write_export(users: list[dict[str, Any]], out: Path) -> None:
@@ -842,7 +887,7 @@ def _write_export(users: list[dict[str, Any]], out: Path) -> None:
     from engagelake.files import write_users_files
 
     ndjson, parquet = write_users_files(users, out)
-    _console().print(f"wrote {len(users):,} users to {ndjson} and {parquet}")
+    _say(f"wrote {len(users):,} users to {ndjson} and {parquet}", markup=False)
 
 
 def _message(body: Any) -> str:
@@ -869,7 +914,7 @@ def _print_frame(frame: Any, limit: int) -> None:
         table.add_row(*("[dim]null[/dim]" if v is None else _cell(v) for v in row))
     _console().print(table)
     if frame.height > limit:
-        _console().print(f"[dim]… {frame.height - limit:,} more rows (--limit {limit})[/dim]")
+        _say(f"[dim]… {frame.height - limit:,} more rows (--limit {limit})[/dim]")
 
 
 def _sql_format(chosen: SqlFormat | None, out: Path | None) -> SqlFormat:
@@ -897,7 +942,7 @@ def _write_frame(frame: Any, chosen: SqlFormat, out: Path | None) -> None:
         return
     out.parent.mkdir(parents=True, exist_ok=True)
     {"csv": frame.write_csv, "json": frame.write_json, "parquet": frame.write_parquet}[chosen.value](out)
-    _console().print(f"wrote {frame.height:,} rows to {out}", markup=False)
+    _say(f"wrote {frame.height:,} rows to {out}", markup=False)
 
 
 def _print_lineage_tree(title: str, rows: Any, limit: int) -> None:
@@ -934,7 +979,7 @@ def _print_lineage_tree(title: str, rows: Any, limit: int) -> None:
             branch.add(step_text(step))
     _console().print(tree)
     if rows.height > limit:
-        _console().print(f"[dim]… {rows.height - limit:,} more rows (--limit {limit})[/dim]")
+        _say(f"[dim]… {rows.height - limit:,} more rows (--limit {limit})[/dim]")
 
 
 def _print_rows(rows: list[dict[str, Any]], columns: dict[str, str]) -> None:

@@ -666,10 +666,11 @@ class Workspace:
         return deleted
 
     @_store_errors
-    def compact(self) -> dict[str, int]:
+    def compact(self, *, on_table: Callable[[str, int, int], None] | None = None) -> dict[str, int]:
         """Compact the store (see `DeltaStore.compact`): afterwards the files hold only current
-        rows, so a deleted user's data is gone from disk. Returns the rows kept per table."""
-        return self.store.compact()
+        rows, so a deleted user's data is gone from disk. Returns the rows kept per table;
+        `on_table(name, done, total)` is called before each table is rewritten."""
+        return self.store.compact(on_table=on_table)
 
     @_store_errors
     def publish(self, out: str | Path | None = None, *, tables: list[str] | None = None) -> dict[str, int]:
