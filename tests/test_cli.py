@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import inspect
 import io
+import itertools
 import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import orjson
 import polars as pl
 import pytest
+import typer
 from polars.testing import assert_frame_equal
 from typer.testing import CliRunner
 
@@ -42,6 +46,42 @@ def test_every_command_has_help(command: tuple[str, ...]) -> None:
         assert "--store" in result.output
     else:
         assert all(name in result.output for name in COMMANDS)
+
+
+def _command_paths(command: Any, path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    """Every command and group of the CLI, as the words that name it."""
+    found = [path]
+    if hasattr(command, "commands"):  # a group (Typer's click, which may be its own copy)
+        for name, sub in command.commands.items():
+            found += _command_paths(sub, (*path, name))
+    return found
+
+
+ALL_COMMANDS = _command_paths(typer.main.get_command(app))
+assert len(ALL_COMMANDS) == 1 + len(COMMANDS) + 1 + 2 + 6  # the root, those above, serve, two groups of three
+
+
+@pytest.mark.parametrize("command", ALL_COMMANDS, ids=lambda path: " ".join(path) or "engagelake")
+def test_every_help_shows_examples_that_fit_80_columns(command: tuple[str, ...]) -> None:
+    result = CliRunner(env={"COLUMNS": "80"}).invoke(app, [*command, "--help"])
+
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert all(len(line) <= 80 for line in lines)
+    start = next(i for i, line in enumerate(lines) if line.strip() in ("Example:", "Examples:"))
+    examples = list(itertools.takewhile(str.strip, lines[start + 1:]))
+    # each example on a line of its own, indented: one wrapped at 80 columns would leave a line without
+    assert examples and all(line.startswith("   ") and "engagelake " in line for line in examples), examples
+
+
+def test_the_listing_shows_one_line_summaries() -> None:
+    """Typer keeps the line breaks of a docstring's first paragraph in the command listing: every
+    first paragraph is one line, so the listing wraps by itself."""
+    for path in ALL_COMMANDS[1:]:
+        command = typer.main.get_command(app)
+        for name in path:
+            command = command.commands[name]  # type: ignore[attr-defined]
+        assert "\n" not in inspect.cleandoc(command.help or "").split("\n\n")[0], path
 
 
 def test_help_does_not_import_the_engine() -> None:
@@ -122,6 +162,7 @@ def test_a_bad_query_is_a_red_one_line_error(demo_run: tuple[Path, str]) -> None
 
     assert result.exit_code == 1
     assert result.stderr.startswith("error: SQL error:") and "no_such_table" in result.stderr
+    assert "`engagelake sql --help` lists the tables" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
     assert "Traceback" not in result.output
 
@@ -434,7 +475,22 @@ def test_lineage_with_a_bad_kind_is_a_red_error(tmp_path: Path) -> None:
     Workspace.open(tmp_path / "store")
     result = runner.invoke(app, ["lineage", "x", "--kind", "shoe", "--store", str(tmp_path / "store")])
     assert result.exit_code == 1
-    assert "kind must be one of" in result.output
+    assert "kind must be one of external_id, user_alias, service_id, email, phone, not 'shoe': pass one with --kind" \
+        in result.stderr.replace("\n", "")
+
+
+def test_revoking_an_unknown_key_or_token_says_where_the_names_are(tmp_path: Path) -> None:
+    store = str(tmp_path / "store")
+    Workspace.open(store)
+    wide = CliRunner(env={"COLUMNS": "200"})
+
+    key = wide.invoke(app, ["keys", "revoke", "nope", "--store", store])
+    token = wide.invoke(app, ["scim-tokens", "revoke", "nope", "--store", store])
+
+    assert key.exit_code == token.exit_code == 1
+    assert key.stderr == f"error: no active key named 'nope'; `engagelake keys list --store {store}` shows every key's name\n"
+    assert token.stderr == (f"error: no active SCIM token with ID 'nope'; `engagelake scim-tokens list --store {store}` "
+                            "shows every token's ID\n")
 
 
 def test_compact_prints_the_rows_kept(tmp_path: Path) -> None:

@@ -27,11 +27,7 @@ if TYPE_CHECKING:
     from engagelake.workspace import Workspace
 
 app = typer.Typer(
-    name="engagelake",
-    help=(
-        "engagelake: the customer-engagement REST API (/users/track, /users/export/ids, ...) "
-        "as vectorized Polars/DuckDB rules over Delta Lake tables."
-    ),
+    name="engagelake",  # its help is the docstring of `main`
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_show_locals=False,
@@ -72,7 +68,15 @@ def main(
         typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit."),
     ] = False,
 ) -> None:
-    """engagelake: the customer-engagement REST API (/users/track, /users/export/ids, ...) as vectorized Polars/DuckDB rules over Delta Lake tables."""
+    """engagelake: the customer-engagement REST API (/users/track, /users/export/ids, ...) as vectorized Polars/DuckDB rules over Delta Lake tables.
+
+    Every command takes --store (default data/store, or $ENGAGELAKE_STORE) and has its own --help with an example.
+
+    Examples:
+      engagelake demo --users 1000 --objects 10000
+      engagelake sql "select count(*) as users from profiles"
+      engagelake lineage user-000050
+    """
 
 
 class SqlFormat(StrEnum):
@@ -111,12 +115,15 @@ def demo(
         int, typer.Option(min=1, help="Requests per request file (one batch per file).")
     ] = 1000,
 ) -> None:
-    """Generate a /users/track workload, apply it with the track_batch flow, merge duplicates with
-    the merge_batch flow, show the result.
+    """Generate a /users/track workload, apply it with Prefect flows, show results.
 
-    The workload is written to --requests-dir as NDJSON request files and applied to --store, one batch per file; then one user in a hundred is merged into its neighbour (a merge request file beside the requests, applied by merge_batch); then a summary (users, events, purchases, throughput), a sample export of 3 users and the lineage of one merged user are printed.
+    The workload is written to --requests-dir as NDJSON request files and applied to --store by the track_batch flow, one batch per file; then one user in a hundred is merged into its neighbour (a merge request file beside the requests, applied by the merge_batch flow); then a summary (users, events, purchases, throughput), a sample export of 3 users and the lineage tree of one merged user are printed.
 
-    Re-running on the same day with the same options applies nothing twice: each file is an idempotent batch.
+    Re-running with the same options on the same day (UTC) applies nothing twice: each file is an idempotent batch, and the summary says the files were already applied instead of showing a throughput.
+
+    Examples:
+      engagelake demo
+      engagelake demo --users 1000 --objects 10000 --store /tmp/demo-store
     """
     # Progress bars instead of Prefect's console log; an explicit setting still wins.
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
@@ -157,13 +164,15 @@ def apply_files(
         typer.Option("--allow-errors", help="Exit 0 even when some requests were rejected (4xx)."),
     ] = False,
 ) -> None:
-    """Apply request files to the store, one atomic batch per file, and print a summary.
+    """Apply request files to the store, one atomic batch per file; print a summary.
 
     Each file is applied with the idempotency key "<file name>:<sha256>", so applying the same file again changes nothing and gives the same responses. Responses are written beside each file as <stem>.responses.ndjson.
 
     A rejected request (4xx) does not stop the others: the batch commits, the first rejections are printed, and the command exits 1 unless --allow-errors is given.
 
-    Example: engagelake apply data/demo/requests --store data/store
+    Examples:
+      engagelake apply data/demo/requests --store data/store
+      engagelake apply batch-001.ndjson batch-002.parquet --allow-errors
     """
     from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
     from rich.table import Table
@@ -239,9 +248,14 @@ def export(
     ] = None,
     store: Store = DEFAULT_STORE,
 ) -> None:
-    """Export users as /users/export/ids does: by external ID or email, or --all of them.
+    """Export users as /users/export/ids does: by external ID, by email, or --all.
 
     Without --out the API's JSON response is printed; with --out, users.ndjson and users.parquet are written (nested values as JSON text in Parquet). For more than 50 external IDs use the export_batch flow.
+
+    Examples:
+      engagelake export -e user-000042 --fields first_name,country
+      engagelake export --email ines.0@mail.example.net
+      engagelake export --all --out data/exports
     """
     fields_to_export = _parse_fields(fields)
     if all_users and (external_id or email):
@@ -298,6 +312,8 @@ def sql(
 ) -> None:
     """Run a DuckDB SQL query over the store; print the result or write it to a file.
 
+    The table format prints at most --limit rows; csv and json print every row, for pipes; --out writes every row to a file (parquet needs it).
+
     Examples:
       engagelake sql "select name, count(*) as n from events group by name"
       engagelake sql "select * from profiles" --format csv > profiles.csv
@@ -311,7 +327,8 @@ def sql(
         try:
             frame = workspace.sql(query)
         except duckdb.Error as error:
-            _fail(f"SQL error: {str(error).splitlines()[0]}")
+            hint = "; `engagelake sql --help` lists the tables" if isinstance(error, duckdb.CatalogException) else ""
+            _fail(f"SQL error: {str(error).splitlines()[0]}{hint}")
         if chosen is SqlFormat.table:
             _print_frame(frame, limit)
         else:
@@ -341,9 +358,9 @@ def lineage(
                      "lineage rows, every column."),
     ] = LineageFormat.tree,
 ) -> None:
-    """Show a user's history as a tree: merges, identifies, renames, removes, alias changes, deletes.
+    """Show a user's history as a tree: merges, renames, deletes and the rest.
 
-    Every step that touched the profiles this identifier names or named is shown, skipped ones with their reason; a profile merged into another is nested, with its own earlier history, under the merge that folded it in.
+    Every step that touched the profiles this identifier names or named is shown (merge, identify, rename, remove, alias_new, alias_update, delete, cleanup), skipped ones with their reason; a profile merged into another is nested, with its own earlier history, under the merge that folded it in.
 
     Examples:
       engagelake lineage user-000050
@@ -369,8 +386,13 @@ def lineage(
 
 @app.command()
 def compact(store: Store = DEFAULT_STORE) -> None:
-    """Rewrite every table to its current rows and delete files no version needs any more
-    (after a delete, the user's data is then gone from disk). Readers must reopen afterwards."""
+    """Rewrite every table to its current rows; delete files no version needs.
+
+    After a delete, the user's data is then gone from disk. Readers opened before must reopen afterwards. On a terminal a progress bar counts the tables.
+
+    Example:
+      engagelake compact --store data/store
+    """
     from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 
     columns = (TextColumn("Compacting {task.fields[table]:<30}"), BarColumn(), MofNCompleteColumn(),
@@ -389,8 +411,13 @@ def compact(store: Store = DEFAULT_STORE) -> None:
 
 @app.command()
 def cleanup_push_profiles(store: Store = DEFAULT_STORE) -> None:
-    """Delete the temporary anonymous profiles of push_token_import that hold no push token
-    any more (the monthly check; the flow cleanup_push_token_profiles runs the same)."""
+    """Delete push_token_import's temporary profiles that hold no push token now.
+
+    The specification's monthly check (the flow cleanup_push_token_profiles runs the same): anonymous profiles created by push token imports, without a push token now and without an identifier gained since, are deleted as /users/delete deletes, each with a lineage row (kind cleanup).
+
+    Example:
+      engagelake cleanup-push-profiles --store data/store
+    """
     with _input_errors():
         deleted = _open_existing(store).cleanup_push_profiles()
     _say(f"deleted {deleted:,} temporary anonymous profiles without a push token")
@@ -405,11 +432,13 @@ def publish(
                      show_default=False),
     ] = None,
 ) -> None:
-    """Write every table's current rows as plain Delta tables, for readers outside engagelake
-    (Spark, DuckDB's delta_scan, pl.read_delta): one row per key, no tombstones, merged users'
-    events under the survivor. Each run replaces the last; OUT/_published.json names the batch.
+    """Write every table's current rows as plain Delta tables, for other readers.
 
-    Example: engagelake publish --store data/store
+    For Spark, DuckDB's delta_scan or pl.read_delta: one row per key, no tombstones, merged users' events under the survivor. Each run replaces the last; OUT/_published.json names the batch shown.
+
+    Examples:
+      engagelake publish --store data/store
+      engagelake publish --store data/store --out /srv/lake/engagelake
     """
     with _input_errors():
         workspace = _open_existing(store)
@@ -422,11 +451,12 @@ def publish(
 
 @app.command()
 def check(store: Store = DEFAULT_STORE) -> None:
-    """Verify a local store against its ledger: every table version the ledger names exists,
-    its Delta log entries parse, and every data file it references exists and its Parquet footer
-    reads. Prints one line per problem; exits 0 when the store is healthy, 1 otherwise.
+    """Verify a local store against its ledger; exit 0 when healthy, 1 otherwise.
 
-    Example: engagelake check --store data/store
+    Every table version the ledger names must exist, its Delta log entries parse, and every data file it references exist and its Parquet footer read. Prints one line per problem, then what `engagelake repair` would do about it.
+
+    Example:
+      engagelake check --store data/store
     """
     with _input_errors():
         from engagelake import Workspace
@@ -448,13 +478,13 @@ def repair(
     store: Store = DEFAULT_STORE,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Proceed without asking.")] = False,
 ) -> None:
-    """Undo what a dead or damaged commit left, where nothing committed and readable is lost:
-    roll tables back to the versions the ledger names, and move torn log entries and lost ledger
-    rows aside into STORE/_repaired/. Prints the plan and asks first (--yes: does not ask).
-    Missing or unreadable files that committed data needs are not repairable: restore them from
-    a backup.
+    """Undo what a dead or damaged commit left, where nothing committed is lost.
 
-    Example: engagelake repair --store data/store
+    Rolls tables back to the versions the ledger names, and moves torn log entries and lost ledger rows aside into STORE/_repaired/. Prints the plan and asks first (--yes: does not ask). Missing or unreadable files that committed data needs are not repairable: restore them from a backup.
+
+    Examples:
+      engagelake repair --store data/store
+      engagelake repair --store data/store --yes
     """
     with _input_errors():
         from engagelake import Workspace
@@ -483,8 +513,16 @@ def repair(
 
 
 # --- the REST server and its credentials ------------------------------------------------------------
-keys_app = typer.Typer(help="API keys of the REST server: create, list, revoke.", no_args_is_help=True)
-scim_tokens_app = typer.Typer(help="SCIM tokens of the REST server: create, list, revoke.", no_args_is_help=True)
+keys_app = typer.Typer(
+    help="API keys of the REST server: create, list, revoke.\n\nEach command has its own --help.\n\nExample:\n"
+    "  engagelake keys create --name ingest --permissions users.track",
+    no_args_is_help=True,
+)
+scim_tokens_app = typer.Typer(
+    help="SCIM tokens of the REST server: create, list, revoke.\n\nEach command has its own --help.\n\nExample:\n"
+    "  engagelake scim-tokens create --origin https://idp.example.com",
+    no_args_is_help=True,
+)
 app.add_typer(keys_app, name="keys")
 app.add_typer(scim_tokens_app, name="scim-tokens")
 
@@ -506,12 +544,13 @@ def serve(
     max_queued: Annotated[int, typer.Option(min=1, help="Requests waiting to be applied before new ones get 503 "
                                                          "with Retry-After.")] = 2000,
 ) -> None:
-    """Serve the API over HTTP: every endpoint, with API keys, SCIM tokens and rate limits.
+    """Serve the API over HTTP: every endpoint, with keys, SCIM tokens, rate limits.
 
-    Create a key first (engagelake keys create --name NAME --permissions all); GET /healthz answers
-    once the server is ready. SIGTERM or Ctrl-C finishes and commits the requests in flight, then stops.
+    Create a key first (engagelake keys create --name NAME --permissions all); GET /healthz answers once the server is ready. SIGTERM or Ctrl-C finishes and commits the requests in flight, then stops.
 
-    Example: engagelake serve --store data/store --port 8000
+    Examples:
+      engagelake serve --store data/store --port 8000
+      engagelake serve --rate-limits off --host 0.0.0.0
     """
     from engagelake.api.limits import DEFAULT_LIMITS, parse_limit
 
@@ -544,10 +583,13 @@ def keys_create(
     ],
     store: Store = DEFAULT_STORE,
 ) -> None:
-    """Create an API key and print it, alone, on the last line. It is shown once: the store
-    keeps only its digest.
+    """Create an API key and print it, alone, on the last line; it is shown once.
 
-    Example: engagelake keys create --name ingest --permissions users.track
+    The store keeps only its digest. Permissions are endpoint permissions such as users.track and users.export.ids, or all.
+
+    Examples:
+      engagelake keys create --name ingest --permissions users.track
+      KEY=$(engagelake keys create --name app --permissions all | tail -1)
     """
     with _input_errors():
         from engagelake import Workspace
@@ -559,7 +601,13 @@ def keys_create(
 
 @keys_app.command("list")
 def keys_list(store: Store = DEFAULT_STORE) -> None:
-    """List every key ever created (names, IDs, permissions, times; never a secret)."""
+    """List every API key ever created: names, IDs, permissions, times; no secret.
+
+    Revoked keys stay listed, with the time they were revoked.
+
+    Example:
+      engagelake keys list --store data/store
+    """
     with _input_errors():
         keys = _open_existing(store).credentials.list_keys()
     _print_rows(keys, {"name": "name", "key ID": "key_id", "permissions": "permissions", "created": "created_at",
@@ -568,12 +616,23 @@ def keys_list(store: Store = DEFAULT_STORE) -> None:
 
 @keys_app.command("revoke")
 def keys_revoke(
-    name: Annotated[str, typer.Argument(help="The name of the key to revoke.", show_default=False)],
+    name: Annotated[str, typer.Argument(help="The name of the key to revoke.", metavar="NAME", show_default=False)],
     store: Store = DEFAULT_STORE,
 ) -> None:
-    """Revoke an API key: a running server refuses it within a second."""
+    """Revoke an API key by its name: a running server refuses it within a second.
+
+    The name is the one given to keys create, as keys list shows it.
+
+    Example:
+      engagelake keys revoke ingest --store data/store
+    """
+    from engagelake.errors import ConfigError
+
     with _input_errors():
-        _open_existing(store).credentials.revoke_key(name)
+        try:
+            _open_existing(store).credentials.revoke_key(name)
+        except ConfigError as error:
+            _fail(f"{error}; `engagelake keys list --store {store}` shows every key's name")
     _say(f"revoked API key {name!r}", markup=False)
 
 
@@ -582,9 +641,12 @@ def scim_tokens_create(
     origin: Annotated[str, typer.Option(help="The caller's origin, sent as X-Request-Origin with the token.")],
     store: Store = DEFAULT_STORE,
 ) -> None:
-    """Create a SCIM token bound to an origin and print it, alone, on the last line (shown once).
+    """Create a SCIM token bound to an origin; print it, alone, on the last line.
 
-    Example: engagelake scim-tokens create --origin https://idp.example.com
+    It is shown once: the store keeps only its digest. Callers send it with the header X-Request-Origin set to the same origin.
+
+    Example:
+      engagelake scim-tokens create --origin https://idp.example.com
     """
     with _input_errors():
         from engagelake import Workspace
@@ -596,7 +658,13 @@ def scim_tokens_create(
 
 @scim_tokens_app.command("list")
 def scim_tokens_list(store: Store = DEFAULT_STORE) -> None:
-    """List every SCIM token ever created (IDs, origins, times; never a secret)."""
+    """List every SCIM token ever created: IDs, origins, times; never a secret.
+
+    Revoked tokens stay listed, with the time they were revoked.
+
+    Example:
+      engagelake scim-tokens list --store data/store
+    """
     with _input_errors():
         tokens = _open_existing(store).credentials.list_scim_tokens()
     _print_rows(tokens, {"token ID": "token_id", "origin": "origin", "created": "created_at", "revoked": "revoked_at"})
@@ -605,12 +673,23 @@ def scim_tokens_list(store: Store = DEFAULT_STORE) -> None:
 @scim_tokens_app.command("revoke")
 def scim_tokens_revoke(
     token_id: Annotated[str, typer.Argument(help="The token's ID (the part after els_, before the next _).",
-                                            show_default=False)],
+                                            metavar="TOKEN_ID", show_default=False)],
     store: Store = DEFAULT_STORE,
 ) -> None:
-    """Revoke a SCIM token: a running server refuses it within a second."""
+    """Revoke a SCIM token by its ID: a running server refuses it within a second.
+
+    The ID is the part of the token after els_ and before the next _, as scim-tokens list shows it.
+
+    Example:
+      engagelake scim-tokens revoke 086cb1ed58e6 --store data/store
+    """
+    from engagelake.errors import ConfigError
+
     with _input_errors():
-        _open_existing(store).credentials.revoke_scim_token(token_id)
+        try:
+            _open_existing(store).credentials.revoke_scim_token(token_id)
+        except ConfigError as error:
+            _fail(f"{error}; `engagelake scim-tokens list --store {store}` shows every token's ID")
     _say(f"revoked SCIM token {token_id!r}", markup=False)
 
 
