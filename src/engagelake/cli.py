@@ -183,9 +183,10 @@ def apply_files(
     with _input_errors():
         paths = [p for f in files for p in (list_request_files(f) if f.is_dir() else [f])]
         if missing := [str(p) for p in paths if not p.is_file()]:
-            _fail(f"no such request file: {', '.join(missing)}")
+            _fail(f"no such request file: {', '.join(missing)}; check the path, or pass the folder that holds the files")
         if not paths:
-            _fail(f"no .ndjson or .parquet request files in {', '.join(map(str, files))}")
+            _fail(f"no .ndjson or .parquet request files in {', '.join(map(str, files))} "
+                  "(*.responses.ndjson are responses, not requests)")
         workspace = Workspace.open(store)
         table = Table("file", "requests", "statuses", "non-fatal errors", "seconds")
         table.columns[0].overflow = "fold"
@@ -503,7 +504,7 @@ def repair(
         for line in report.plan():
             typer.echo(f"  {line}")
         if not yes and not typer.confirm("Proceed?", default=False):
-            _fail("nothing was changed")
+            _fail("repair declined: nothing was changed (--yes repairs without asking)")
         Workspace.repair(store)
         after = Workspace.check(store)
     for line in iter_lines(after):
