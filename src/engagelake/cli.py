@@ -128,6 +128,7 @@ def demo(
     # Progress bars instead of Prefect's console log; an explicit setting still wins.
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("DO_NOT_TRACK", "1")  # nor the client's telemetry notice on a terminal's first run
     with _input_errors():
         from engagelake.store.delta import store_state
 
