@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import inspect
+import io
+import itertools
+import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import orjson
 import polars as pl
 import pytest
+import typer
+from polars.testing import assert_frame_equal
 from typer.testing import CliRunner
 
 from engagelake import Workspace
@@ -39,6 +46,42 @@ def test_every_command_has_help(command: tuple[str, ...]) -> None:
         assert "--store" in result.output
     else:
         assert all(name in result.output for name in COMMANDS)
+
+
+def _command_paths(command: Any, path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    """Every command and group of the CLI, as the words that name it."""
+    found = [path]
+    if hasattr(command, "commands"):  # a group (Typer's click, which may be its own copy)
+        for name, sub in command.commands.items():
+            found += _command_paths(sub, (*path, name))
+    return found
+
+
+ALL_COMMANDS = _command_paths(typer.main.get_command(app))
+assert len(ALL_COMMANDS) == 1 + len(COMMANDS) + 1 + 2 + 6  # the root, those above, serve, two groups of three
+
+
+@pytest.mark.parametrize("command", ALL_COMMANDS, ids=lambda path: " ".join(path) or "engagelake")
+def test_every_help_shows_examples_that_fit_80_columns(command: tuple[str, ...]) -> None:
+    result = CliRunner(env={"COLUMNS": "80"}).invoke(app, [*command, "--help"])
+
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert all(len(line) <= 80 for line in lines)
+    start = next(i for i, line in enumerate(lines) if line.strip() in ("Example:", "Examples:"))
+    examples = list(itertools.takewhile(str.strip, lines[start + 1:]))
+    # each example on a line of its own, indented: one wrapped at 80 columns would leave a line without
+    assert examples and all(line.startswith("   ") and "engagelake " in line for line in examples), examples
+
+
+def test_the_listing_shows_one_line_summaries() -> None:
+    """Typer keeps the line breaks of a docstring's first paragraph in the command listing: every
+    first paragraph is one line, so the listing wraps by itself."""
+    for path in ALL_COMMANDS[1:]:
+        command = typer.main.get_command(app)
+        for name in path:
+            command = command.commands[name]  # type: ignore[attr-defined]
+        assert "\n" not in inspect.cleandoc(command.help or "").split("\n\n")[0], path
 
 
 def test_help_does_not_import_the_engine() -> None:
@@ -119,8 +162,75 @@ def test_a_bad_query_is_a_red_one_line_error(demo_run: tuple[Path, str]) -> None
 
     assert result.exit_code == 1
     assert result.stderr.startswith("error: SQL error:") and "no_such_table" in result.stderr
+    assert "`engagelake sql --help` lists the tables" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
     assert "Traceback" not in result.output
+
+
+def test_demo_rerun_says_it_replayed_instead_of_a_throughput(tmp_path: Path, prefect_harness: None) -> None:
+    args = ["demo", "--users", "60", "--objects", "400", "--per-file", "2", "--store", str(tmp_path / "store"),
+            "--requests-dir", str(tmp_path / "requests")]
+    wide = CliRunner(env={"COLUMNS": "200"})
+
+    first, again = wide.invoke(app, args), wide.invoke(app, args)
+
+    assert first.exit_code == 0 and again.exit_code == 0, first.output + again.output
+    files = len(list((tmp_path / "requests").glob("requests-*[0-9].ndjson")))
+    assert files > 1 and "already applied" not in first.stdout
+    assert "Generating requests" not in first.output  # progress bars only on a terminal's stderr
+    row = [c.strip() for c in next(line for line in first.stdout.splitlines() if line.startswith("│")).split("│")[1:-1]]
+    assert row[3:5] == [str(files), "400"] and float(row[5]) > 0 and row[6] != "–"
+    assert f"All {files} request files were already applied to this store: an idempotent replay, nothing written " \
+           "again, so no throughput to show." in again.stdout
+    row = [c.strip() for c in next(line for line in again.stdout.splitlines() if line.startswith("│")).split("│")[1:-1]]
+    assert row[3:] == ["0", "0", "–", "–"]
+
+
+SQL_QUERY = "select external_id, first_name, country, visits from profiles left join (select service_id, " \
+    "try_cast(value as bigint) as visits from attributes where name = 'visits') using (service_id) order by external_id"
+READERS = {"csv": pl.read_csv, "json": pl.read_json, "parquet": pl.read_parquet}
+
+
+@pytest.mark.parametrize("fmt", ["csv", "json", "parquet"])
+def test_sql_writes_every_row_to_a_file(demo_run: tuple[Path, str], tmp_path: Path, fmt: str) -> None:
+    root, _ = demo_run
+    out = tmp_path / "deeper" / f"result.{fmt}"
+
+    result = runner.invoke(app, ["sql", SQL_QUERY, "--format", fmt, "--out", str(out), "--store", str(root / "store")])
+
+    assert result.exit_code == 0, result.output
+    assert f"wrote 198 rows to {out}" in result.stdout.replace("\n", "")  # every row, not --limit's 50
+    assert_frame_equal(READERS[fmt](out), Workspace.open(root / "store").sql(SQL_QUERY))
+
+
+@pytest.mark.parametrize("fmt", ["csv", "json"])
+def test_sql_prints_csv_and_json_for_pipes(demo_run: tuple[Path, str], fmt: str) -> None:
+    root, _ = demo_run
+
+    result = runner.invoke(app, ["sql", SQL_QUERY, "-f", fmt, "--store", str(root / "store")])
+
+    assert result.exit_code == 0, result.output
+    assert result.stderr == ""
+    assert_frame_equal(READERS[fmt](io.BytesIO(result.stdout_bytes)), Workspace.open(root / "store").sql(SQL_QUERY))
+
+
+def test_sql_takes_the_format_from_the_out_suffix(demo_run: tuple[Path, str], tmp_path: Path) -> None:
+    root, _ = demo_run
+    query = "select * from events order by time, service_id, name"
+
+    result = runner.invoke(app, ["sql", query, "--out", str(tmp_path / "events.parquet"), "--store", str(root / "store")])
+
+    assert result.exit_code == 0, result.output
+    assert_frame_equal(pl.read_parquet(tmp_path / "events.parquet"), Workspace.open(root / "store").sql(query))
+
+
+def test_sql_csv_refuses_nested_columns_and_names_them(demo_run: tuple[Path, str]) -> None:
+    root, _ = demo_run
+
+    result = runner.invoke(app, ["sql", "select [1, 2] as pair", "-f", "csv", "--store", str(root / "store")])
+
+    assert result.exit_code == 1
+    assert result.stderr.startswith("error: csv cannot hold the nested column(s) pair; use --format json or parquet")
 
 
 def test_export_prints_the_api_response(demo_run: tuple[Path, str]) -> None:
@@ -179,6 +289,9 @@ def test_export_all_writes_both_files(demo_run: tuple[Path, str], tmp_path: Path
         (["export", "-e", "u1", "--fields", "first_name,shoe_size"], "unknown field(s) shoe_size"),
         (["sql", "select 1", "--store", "no/such/store"], "no store at 'no/such/store'"),
         (["apply", "no/such/file.ndjson"], "no such request file: no/such/file.ndjson"),
+        (["sql", "select 1", "-f", "parquet"], "--format parquet writes a binary file: add --out PATH"),
+        (["sql", "select 1", "-f", "table", "--out", "x.csv"], "the table format prints to the screen: add --format"),
+        (["sql", "select 1", "--out", "x.txt"], "cannot tell the format of --out x.txt from its suffix"),
     ],
 )
 def test_bad_input_says_what_to_fix(args: list[str], message: str, tmp_path: Path) -> None:
@@ -234,6 +347,29 @@ def test_apply_of_accepted_requests_exits_0(tmp_path: Path) -> None:
     assert "rejected" not in result.stdout
 
 
+@pytest.mark.parametrize("terminal", [False, True])
+def test_progress_goes_to_stderr_and_only_to_a_terminal(tmp_path: Path, terminal: bool) -> None:
+    requests = tmp_path / "requests"
+    requests.mkdir()
+    for n in (1, 2):
+        (requests / f"b{n}.ndjson").write_bytes(orjson.dumps({"method": "POST", "path": "/users/track",
+                                                              "body": {"attributes": [{"external_id": f"u{n}"}]}}))
+    store = str(tmp_path / "store")
+    shell = CliRunner(env={"TTY_COMPATIBLE": "1" if terminal else "0", "COLUMNS": "120"})
+
+    results = {
+        "Applying": shell.invoke(app, ["apply", str(requests), "--store", store]),
+        "Exporting every user": shell.invoke(app, ["export", "--all", "--out", str(tmp_path / "out"), "--store", store]),
+        "Compacting": shell.invoke(app, ["compact", "--store", store]),
+    }
+
+    for label, result in results.items():
+        assert result.exit_code == 0, result.output
+        assert label not in result.stdout  # piped output stays clean
+        assert (label in result.stderr) is terminal, result.stderr
+    assert len((tmp_path / "out" / "users.ndjson").read_bytes().splitlines()) == 2
+
+
 def test_version_prints_the_installed_version() -> None:
     from importlib.metadata import version
 
@@ -263,22 +399,69 @@ def test_apply_a_broken_file_is_a_red_error(tmp_path: Path) -> None:
     assert "broken.ndjson line 1: 'path' must be a string" in result.stderr
 
 
-def test_lineage_shows_merges_renames_and_skips(tmp_path: Path) -> None:
-    store = tmp_path / "store"
+def _merged_chain(store: Path) -> Workspace:
+    """user-3 merged into user-2, user-2 into user-1, two skipped merges, user-1 renamed."""
     ws = Workspace.open(store)
-    ws.call("POST", "/users/track", {"attributes": [{"external_id": "a"}, {"external_id": "b"}]})
+    ws.call("POST", "/users/track", {"attributes": [{"external_id": f"user-{i}"} for i in (1, 2, 3)]})
     ws.call("POST", "/users/merge", {"merge_updates": [
-        {"identifier_to_merge": {"external_id": "a"}, "identifier_to_keep": {"external_id": "b"}},
-        {"identifier_to_merge": {"external_id": "ghost"}, "identifier_to_keep": {"external_id": "b"}}]})
+        {"identifier_to_merge": {"external_id": "user-3"}, "identifier_to_keep": {"external_id": "user-2"}}]})
+    ws.call("POST", "/users/merge", {"merge_updates": [
+        {"identifier_to_merge": {"external_id": "user-2"}, "identifier_to_keep": {"external_id": "user-1"}},
+        {"identifier_to_merge": {"external_id": "ghost"}, "identifier_to_keep": {"external_id": "user-1"}},
+        {"identifier_to_merge": {"external_id": "ghost"}, "identifier_to_keep": {"external_id": "nobody"}}]})
     ws.call("POST", "/users/external_ids/rename", {"external_id_renames": [
-        {"current_external_id": "b", "new_external_id": "b2"}]})
+        {"current_external_id": "user-1", "new_external_id": "customer-1"}]})
+    return ws
 
-    result = CliRunner(env={"COLUMNS": "250"}).invoke(app, ["lineage", "a", "--store", str(store)])
+
+def _no_times(text: str) -> str:
+    return re.sub(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", "<time>", text)
+
+
+def test_lineage_prints_a_tree_with_merged_profiles_nested(tmp_path: Path) -> None:
+    ws = _merged_chain(tmp_path / "store")
+    sid = {orjson.loads(r["source"])["external_id"]: r["source_sid"][:8]
+           for r in ws.lineage("user-3").iter_rows(named=True) if r["kind"] == "rename" or r["outcome"] == "applied"}
+
+    result = CliRunner(env={"COLUMNS": "120"}).invoke(app, ["lineage", "user-3", "--store", str(tmp_path / "store")])
 
     assert result.exit_code == 0, result.output
-    rows = [line for line in result.output.splitlines() if line.startswith("│")]
-    assert [r.split("│")[1].strip() for r in rows] == ["merge", "merge", "rename"]
-    assert "unresolvable: identifier_to_merge" in result.output
+    assert _no_times(result.stdout) == f"""\
+external_id user-3: 4 lineage row(s)
+└── profile {sid["user-1"]} (live)
+    ├── <time>  merge user-2 → user-1  (profile {sid["user-2"]} merged in)
+    │   └── <time>  merge user-3 → user-2  (profile {sid["user-3"]} merged in)
+    ├── <time>  merge ghost → user-1  skipped: unresolvable: identifier_to_merge
+    └── <time>  rename user-1 → customer-1
+"""
+
+
+def test_lineage_puts_steps_that_resolved_to_no_profile_apart(tmp_path: Path) -> None:
+    _merged_chain(tmp_path / "store")
+
+    result = CliRunner(env={"COLUMNS": "120"}).invoke(app, ["lineage", "nobody", "--store", str(tmp_path / "store")])
+
+    assert result.exit_code == 0, result.output
+    assert _no_times(result.stdout) == """\
+external_id nobody: 1 lineage row(s)
+└── steps that resolved to no profile
+    └── <time>  merge ghost → nobody  skipped: unresolvable: identifier_to_merge
+"""
+
+
+def test_lineage_table_and_json_formats(tmp_path: Path) -> None:
+    ws = _merged_chain(tmp_path / "store")
+    args = ["lineage", "user-1", "--store", str(tmp_path / "store")]
+
+    table = CliRunner(env={"COLUMNS": "250"}).invoke(app, [*args, "--format", "table"])
+    as_json = runner.invoke(app, [*args, "-f", "json"])
+
+    assert table.exit_code == 0 and as_json.exit_code == 0, table.output + as_json.output
+    rows = [line for line in table.stdout.splitlines() if line.startswith("│")]
+    assert [r.split("│")[1].strip() for r in rows] == ["merge", "merge", "merge", "rename"]
+    assert "unresolvable: identifier_to_merge" in table.stdout
+    assert_frame_equal(pl.read_json(io.BytesIO(as_json.stdout_bytes)),
+                       ws.lineage("user-1").with_columns(pl.col("at").dt.strftime("%Y-%m-%dT%H:%M:%S%.6f+00:00")))
 
 
 def test_lineage_of_an_unknown_identifier_says_so(tmp_path: Path) -> None:
@@ -292,7 +475,22 @@ def test_lineage_with_a_bad_kind_is_a_red_error(tmp_path: Path) -> None:
     Workspace.open(tmp_path / "store")
     result = runner.invoke(app, ["lineage", "x", "--kind", "shoe", "--store", str(tmp_path / "store")])
     assert result.exit_code == 1
-    assert "kind must be one of" in result.output
+    assert "kind must be one of external_id, user_alias, service_id, email, phone, not 'shoe': pass one with --kind" \
+        in result.stderr.replace("\n", "")
+
+
+def test_revoking_an_unknown_key_or_token_says_where_the_names_are(tmp_path: Path) -> None:
+    store = str(tmp_path / "store")
+    Workspace.open(store)
+    wide = CliRunner(env={"COLUMNS": "200"})
+
+    key = wide.invoke(app, ["keys", "revoke", "nope", "--store", store])
+    token = wide.invoke(app, ["scim-tokens", "revoke", "nope", "--store", store])
+
+    assert key.exit_code == token.exit_code == 1
+    assert key.stderr == f"error: no active key named 'nope'; `engagelake keys list --store {store}` shows every key's name\n"
+    assert token.stderr == (f"error: no active SCIM token with ID 'nope'; `engagelake scim-tokens list --store {store}` "
+                            "shows every token's ID\n")
 
 
 def test_compact_prints_the_rows_kept(tmp_path: Path) -> None:

@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
+from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
@@ -26,11 +27,7 @@ if TYPE_CHECKING:
     from engagelake.workspace import Workspace
 
 app = typer.Typer(
-    name="engagelake",
-    help=(
-        "engagelake: the customer-engagement REST API (/users/track, /users/export/ids, ...) "
-        "as vectorized Polars/DuckDB rules over Delta Lake tables."
-    ),
+    name="engagelake",  # its help is the docstring of `main`
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_show_locals=False,
@@ -72,7 +69,32 @@ def main(
         typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit."),
     ] = False,
 ) -> None:
-    """engagelake: the customer-engagement REST API (/users/track, /users/export/ids, ...) as vectorized Polars/DuckDB rules over Delta Lake tables."""
+    """engagelake: the customer-engagement REST API (/users/track, /users/export/ids, ...) as vectorized Polars/DuckDB rules over Delta Lake tables.
+
+    Every command takes --store (default data/store, or $ENGAGELAKE_STORE) and has its own --help with an example.
+
+    Examples:
+      engagelake demo --users 1000 --objects 10000
+      engagelake sql "select count(*) as users from profiles"
+      engagelake lineage user-000050
+    """
+
+
+class SqlFormat(StrEnum):
+    """What `engagelake sql` writes."""
+
+    table = "table"
+    csv = "csv"
+    json = "json"
+    parquet = "parquet"
+
+
+class LineageFormat(StrEnum):
+    """What `engagelake lineage` prints."""
+
+    tree = "tree"
+    table = "table"
+    json = "json"
 
 
 # --- commands ------------------------------------------------------------------------------------
@@ -94,31 +116,34 @@ def demo(
         int, typer.Option(min=1, help="Requests per request file (one batch per file).")
     ] = 1000,
 ) -> None:
-    """Generate a /users/track workload, apply it with the track_batch flow, merge duplicates with
-    the merge_batch flow, show the result.
+    """Generate a /users/track workload, apply it with Prefect flows, show results.
 
-    The workload is written to --requests-dir as NDJSON request files and applied to --store, one batch per file; then one user in a hundred is merged into its neighbour (a merge request file beside the requests, applied by merge_batch); then a summary (users, events, purchases, throughput), a sample export of 3 users and the lineage of one merged user are printed.
+    The workload is written to --requests-dir as NDJSON request files and applied to --store by the track_batch flow, one batch per file; then one user in a hundred is merged into its neighbour (a merge request file beside the requests, applied by the merge_batch flow); then a summary (users, events, purchases, throughput), a sample export of 3 users and the lineage tree of one merged user are printed.
 
-    Re-running on the same day with the same options applies nothing twice: each file is an idempotent batch.
+    Re-running with the same options on the same day (UTC) applies nothing twice: each file is an idempotent batch, and the summary says the files were already applied instead of showing a throughput.
+
+    Examples:
+      engagelake demo
+      engagelake demo --users 1000 --objects 10000 --store /tmp/demo-store
     """
     # Progress bars instead of Prefect's console log; an explicit setting still wins.
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("DO_NOT_TRACK", "1")  # nor the client's telemetry notice on a terminal's first run
     with _input_errors():
         from engagelake.store.delta import store_state
 
         if store_state(store) == "new":  # refuses a file, or a folder of other things, before any work
-            _console().print(f"creating a new store at {store}")
+            _say(f"creating a new store at {store}", markup=False)
         else:
-            _console().print(f"adding to the store at {store} (its earlier batches stay)")
-        paths, file_objects, seconds = _run_demo(
-            users, objects, store, seed, requests_dir, per_file
-        )
+            _say(f"adding to the store at {store} (its earlier batches stay)", markup=False)
+        started = datetime.now(UTC)
+        applied, objects_by_file = _run_demo(users, objects, store, seed, requests_dir, per_file)
         from engagelake import Workspace
 
         merged = _merge_duplicates(users, store, requests_dir.parent / "merges")
         workspace = Workspace.open(store)
-        _print_summary(workspace, len(paths), sum(file_objects), seconds)
+        _print_summary(workspace, applied, objects_by_file, _replayed(workspace, applied, started))
         _print_sample(workspace)
         if merged:
             _print_lineage(workspace, merged[0])
@@ -141,14 +166,17 @@ def apply_files(
         typer.Option("--allow-errors", help="Exit 0 even when some requests were rejected (4xx)."),
     ] = False,
 ) -> None:
-    """Apply request files to the store, one atomic batch per file, and print a summary.
+    """Apply request files to the store, one atomic batch per file; print a summary.
 
     Each file is applied with the idempotency key "<file name>:<sha256>", so applying the same file again changes nothing and gives the same responses. Responses are written beside each file as <stem>.responses.ndjson.
 
     A rejected request (4xx) does not stop the others: the batch commits, the first rejections are printed, and the command exits 1 unless --allow-errors is given.
 
-    Example: engagelake apply data/demo/requests --store data/store
+    Examples:
+      engagelake apply data/demo/requests --store data/store
+      engagelake apply batch-001.ndjson batch-002.parquet --allow-errors
     """
+    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
     from engagelake import IdempotentResponsesExpired, Workspace
@@ -157,38 +185,46 @@ def apply_files(
     with _input_errors():
         paths = [p for f in files for p in (list_request_files(f) if f.is_dir() else [f])]
         if missing := [str(p) for p in paths if not p.is_file()]:
-            _fail(f"no such request file: {', '.join(missing)}")
+            _fail(f"no such request file: {', '.join(missing)}; check the path, or pass the folder that holds the files")
         if not paths:
-            _fail(f"no .ndjson or .parquet request files in {', '.join(map(str, files))}")
+            _fail(f"no .ndjson or .parquet request files in {', '.join(map(str, files))} "
+                  "(*.responses.ndjson are responses, not requests)")
         workspace = Workspace.open(store)
         table = Table("file", "requests", "statuses", "non-fatal errors", "seconds")
         table.columns[0].overflow = "fold"
         rejected: list[tuple[str, int, int, str]] = []  # (file, line, status, message)
-        for path in paths:
-            batch = read_request_file(path)
-            started = time.perf_counter()
-            try:
-                responses = workspace.apply(batch.iter_requests(), idempotency_key=batch.idempotency_key)
-            except IdempotentResponsesExpired as done:  # applied before: nothing to do
-                table.add_row(path.name, "-", f"skipped: applied at {done.committed_at:%Y-%m-%d %H:%M:%S} UTC", "-", "-")
-                continue
-            applied = write_responses_file(batch, responses, seconds=time.perf_counter() - started)
-            table.add_row(*_applied_row(applied))
-            rejected += [(path.name, line, r.status, _message(r.body))
-                         for line, r in enumerate(responses, 1) if r.status >= 400]
-        with _console().status("Merging sorted runs"):  # they follow each commit, in a thread
+        columns = (TextColumn("Applying {task.fields[file]}"), BarColumn(), MofNCompleteColumn(),
+                   TextColumn("files"), TimeElapsedColumn())
+        with _progress(*columns, transient=True) as progress:
+            task = progress.add_task("apply", total=len(paths), file="")
+            for path in paths:
+                progress.update(task, file=path.name)
+                batch = read_request_file(path)
+                started = time.perf_counter()
+                try:
+                    responses = workspace.apply(batch.iter_requests(), idempotency_key=batch.idempotency_key)
+                except IdempotentResponsesExpired as done:  # applied before: nothing to do
+                    table.add_row(path.name, "-", f"skipped: applied at {done.committed_at:%Y-%m-%d %H:%M:%S} UTC",
+                                  "-", "-")
+                    progress.advance(task)
+                    continue
+                applied = write_responses_file(batch, responses, seconds=time.perf_counter() - started)
+                table.add_row(*_applied_row(applied))
+                rejected += [(path.name, line, r.status, _message(r.body))
+                             for line, r in enumerate(responses, 1) if r.status >= 400]
+                progress.advance(task)
+        with _stderr().status("Merging sorted runs"):  # they follow each commit, in a thread
             workspace.close()
     _console().print(table)
     for error in workspace.store.merge_errors:  # the batches are committed: a warning, not a failure
-        _console().print(f"[yellow]warning:[/yellow] merging sorted runs failed ({error}); nothing is lost, "
-                         "the next batch merges again")
-    _console().print("Responses are beside each file as <stem>.responses.ndjson.")
+        _say(f"[yellow]warning:[/yellow] merging sorted runs failed ({_cell(error)}); nothing is lost, "
+             "the next batch merges again")
+    _say("Responses are beside each file as <stem>.responses.ndjson.")
     if rejected:
         shown = rejected[:REJECTIONS_SHOWN]
-        _console().print(f"[red]{len(rejected):,} request(s) rejected[/red] (the others are committed); "
-                         f"first {len(shown)}:")
+        _say(f"[red]{len(rejected):,} request(s) rejected[/red] (the others are committed); first {len(shown)}:")
         for name, line, status, message in shown:
-            _console().print(f"  {name} line {line}: {status} {message}", markup=False)
+            _say(f"  {name} line {line}: {status} {message}", markup=False)
         if not allow_errors:
             raise typer.Exit(1)
 
@@ -221,9 +257,14 @@ def export(
     ] = None,
     store: Store = DEFAULT_STORE,
 ) -> None:
-    """Export users as /users/export/ids does: by external ID or email, or --all of them.
+    """Export users as /users/export/ids does: by external ID, by email, or --all.
 
     Without --out the API's JSON response is printed; with --out, users.ndjson and users.parquet are written (nested values as JSON text in Parquet). For more than 50 external IDs use the export_batch flow.
+
+    Examples:
+      engagelake export -e user-000042 --fields first_name,country
+      engagelake export --email ines.0@mail.example.net
+      engagelake export --all --out data/exports
     """
     fields_to_export = _parse_fields(fields)
     if all_users and (external_id or email):
@@ -262,21 +303,45 @@ def sql(
         ),
     ],
     store: Store = DEFAULT_STORE,
-    limit: Annotated[int, typer.Option(min=1, help="Show at most this many rows.")] = 50,
+    limit: Annotated[
+        int, typer.Option(min=1, help="Show at most this many rows (table format; the other formats hold every row).")
+    ] = 50,
+    format_: Annotated[
+        SqlFormat | None,
+        typer.Option("--format", "-f", show_default=False,
+                     help="table (the default): a table on screen, at most --limit rows; csv; json: one JSON "
+                     "array of row objects; parquet (needs --out). With --out and no --format, the file's "
+                     "suffix (.csv, .json, .parquet) names the format."),
+    ] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option("--out", "-o", show_default=False,
+                     help="Write the result to this file instead of printing it (csv, json or parquet)."),
+    ] = None,
 ) -> None:
-    """Run a DuckDB SQL query over the store and print the result as a table.
+    """Run a DuckDB SQL query over the store; print the result or write it to a file.
 
-    Example: engagelake sql "select name, count(*) as n from events group by name order by n desc"
+    The table format prints at most --limit rows; csv and json print every row, for pipes; --out writes every row to a file (parquet needs it).
+
+    Examples:
+      engagelake sql "select name, count(*) as n from events group by name"
+      engagelake sql "select * from profiles" --format csv > profiles.csv
+      engagelake sql "select * from purchases" --out purchases.parquet
     """
     import duckdb
 
+    chosen = _sql_format(format_, out)
     with _input_errors():
         workspace = _open_existing(store)
         try:
             frame = workspace.sql(query)
         except duckdb.Error as error:
-            _fail(f"SQL error: {str(error).splitlines()[0]}")
-    _print_frame(frame, limit)
+            hint = "; `engagelake sql --help` lists the tables" if isinstance(error, duckdb.CatalogException) else ""
+            _fail(f"SQL error: {str(error).splitlines()[0]}{hint}")
+        if chosen is SqlFormat.table:
+            _print_frame(frame, limit)
+        else:
+            _write_frame(frame, chosen, out)
 
 
 @app.command()
@@ -292,25 +357,40 @@ def lineage(
                      "service_id, email or phone."),
     ] = "external_id",
     store: Store = DEFAULT_STORE,
-    limit: Annotated[int, typer.Option(min=1, help="Show at most this many rows.")] = 200,
+    limit: Annotated[
+        int, typer.Option(min=1, help="Show at most this many rows (tree and table; json holds every row).")
+    ] = 200,
+    format_: Annotated[
+        LineageFormat,
+        typer.Option("--format", "-f", help="tree: each surviving profile with its steps, merged profiles "
+                     "nested under their merge; table: one row per step; json: one JSON array of the "
+                     "lineage rows, every column."),
+    ] = LineageFormat.tree,
 ) -> None:
-    """Show a user's history: every merge, identify, rename, remove, alias change and delete that
-    touched the profiles this identifier names or named, skipped ones with their reason.
+    """Show a user's history as a tree: merges, renames, deletes and the rest.
 
-    Example: engagelake lineage user-42
+    Every step that touched the profiles this identifier names or named is shown (merge, identify, rename, remove, alias_new, alias_update, delete, cleanup), skipped ones with their reason; a profile merged into another is nested, with its own earlier history, under the merge that folded it in.
+
+    Examples:
+      engagelake lineage user-000050
+      engagelake lineage crm:4711 --kind user_alias --format json
     """
     with _input_errors():
         workspace = _open_existing(store)
         try:
             rows = workspace.lineage(identifier, kind=kind)
         except ValueError as error:
-            _fail(str(error))
-    if rows.height == 0:
-        _console().print(f"no lineage for {kind} {identifier!r}")
-        return
-    from engagelake.rules.identity.lineage import describe
+            _fail(f"{error}: pass one with --kind")
+    if format_ is LineageFormat.json:
+        typer.echo(rows.write_json())
+    elif rows.height == 0:
+        _say(f"no lineage for {kind} {identifier!r}", markup=False)
+    elif format_ is LineageFormat.table:
+        from engagelake.rules.identity.lineage import describe
 
-    _print_frame(describe(rows), limit)
+        _print_frame(describe(rows), limit)
+    else:
+        _print_lineage_tree(f"{kind} {identifier}", rows, limit)
 
 
 @app.command()
@@ -322,29 +402,43 @@ def compact(
                      help="Keep the stored responses of keyed batches (for idempotent replays) this many days."),
     ] = RESPONSE_RETENTION_DAYS,
 ) -> None:
-    """Rewrite every table to its current rows and delete files no version needs any more
-    (after a delete, the user's data is then gone from disk). Readers must reopen afterwards.
+    """Rewrite every table to its current rows; delete files no version needs.
 
-    Stored responses of keyed batches go too: those older than the retention window, and
-    those of any batch that concerned a deleted user (docs/privacy.md).
+    After a delete, the user's data is then gone from disk. Readers opened before must reopen afterwards. Stored responses of keyed batches go too: those older than the retention window, and those of any batch that concerned a deleted user (docs/privacy.md). On a terminal a progress bar counts the tables.
 
-    Example: engagelake compact --store data/store --response-retention-days 7
+    Example:
+      engagelake compact --store data/store --response-retention-days 7
     """
     from datetime import timedelta
 
+    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+
+    columns = (TextColumn("Compacting {task.fields[table]:<30}"), BarColumn(), MofNCompleteColumn(),
+               TextColumn("tables"), TimeElapsedColumn())
     with _input_errors():
         workspace = _open_existing(store, response_retention=timedelta(days=response_retention_days))
-        kept = workspace.compact()
-    _console().print("compacted: " + ", ".join(f"{name} {rows:,}" for name, rows in kept.items()))
+        with _progress(*columns, transient=True) as progress:
+            task = progress.add_task("compact", total=None, table="")
+
+            def on_table(name: str, done: int, total: int) -> None:
+                progress.update(task, completed=done, total=total, table=name)
+
+            kept = workspace.compact(on_table=on_table)
+    _say("compacted: " + ", ".join(f"{name} {rows:,}" for name, rows in kept.items()))
 
 
 @app.command()
 def cleanup_push_profiles(store: Store = DEFAULT_STORE) -> None:
-    """Delete the temporary anonymous profiles of push_token_import that hold no push token
-    any more (the monthly check; the flow cleanup_push_token_profiles runs the same)."""
+    """Delete push_token_import's temporary profiles that hold no push token now.
+
+    The specification's monthly check (the flow cleanup_push_token_profiles runs the same): anonymous profiles created by push token imports, without a push token now and without an identifier gained since, are deleted as /users/delete deletes, each with a lineage row (kind cleanup).
+
+    Example:
+      engagelake cleanup-push-profiles --store data/store
+    """
     with _input_errors():
         deleted = _open_existing(store).cleanup_push_profiles()
-    _console().print(f"deleted {deleted:,} temporary anonymous profiles without a push token")
+    _say(f"deleted {deleted:,} temporary anonymous profiles without a push token")
 
 
 @app.command()
@@ -356,28 +450,31 @@ def publish(
                      show_default=False),
     ] = None,
 ) -> None:
-    """Write every table's current rows as plain Delta tables, for readers outside engagelake
-    (Spark, DuckDB's delta_scan, pl.read_delta): one row per key, no tombstones, merged users'
-    events under the survivor. Each run replaces the last; OUT/_published.json names the batch.
+    """Write every table's current rows as plain Delta tables, for other readers.
 
-    Example: engagelake publish --store data/store
+    For Spark, DuckDB's delta_scan or pl.read_delta: one row per key, no tombstones, merged users' events under the survivor. Each run replaces the last; OUT/_published.json names the batch shown.
+
+    Examples:
+      engagelake publish --store data/store
+      engagelake publish --store data/store --out /srv/lake/engagelake
     """
     with _input_errors():
         workspace = _open_existing(store)
-        with _console().status("publishing current rows..."):
+        with _stderr().status("Publishing current rows"):
             rows = workspace.publish(out)
     target = out or f"{store.rstrip('/')}/current"
-    _console().print(f"published batch {workspace.store.head.batch_no} to {target}: "
-                     + ", ".join(f"{name} {n:,}" for name, n in rows.items()))
+    _say(f"published batch {workspace.store.head.batch_no} to {target}: "
+         + ", ".join(f"{name} {n:,}" for name, n in rows.items()), markup=False)
 
 
 @app.command()
 def check(store: Store = DEFAULT_STORE) -> None:
-    """Verify a local store against its ledger: every table version the ledger names exists,
-    its Delta log entries parse, and every data file it references exists and its Parquet footer
-    reads. Prints one line per problem; exits 0 when the store is healthy, 1 otherwise.
+    """Verify a local store against its ledger; exit 0 when healthy, 1 otherwise.
 
-    Example: engagelake check --store data/store
+    Every table version the ledger names must exist, its Delta log entries parse, and every data file it references exist and its Parquet footer read. Prints one line per problem, then what `engagelake repair` would do about it.
+
+    Example:
+      engagelake check --store data/store
     """
     with _input_errors():
         from engagelake import Workspace
@@ -399,13 +496,13 @@ def repair(
     store: Store = DEFAULT_STORE,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Proceed without asking.")] = False,
 ) -> None:
-    """Undo what a dead or damaged commit left, where nothing committed and readable is lost:
-    roll tables back to the versions the ledger names, and move torn log entries and lost ledger
-    rows aside into STORE/_repaired/. Prints the plan and asks first (--yes: does not ask).
-    Missing or unreadable files that committed data needs are not repairable: restore them from
-    a backup.
+    """Undo what a dead or damaged commit left, where nothing committed is lost.
 
-    Example: engagelake repair --store data/store
+    Rolls tables back to the versions the ledger names, and moves torn log entries and lost ledger rows aside into STORE/_repaired/. Prints the plan and asks first (--yes: does not ask). Missing or unreadable files that committed data needs are not repairable: restore them from a backup.
+
+    Examples:
+      engagelake repair --store data/store
+      engagelake repair --store data/store --yes
     """
     with _input_errors():
         from engagelake import Workspace
@@ -424,7 +521,7 @@ def repair(
         for line in report.plan():
             typer.echo(f"  {line}")
         if not yes and not typer.confirm("Proceed?", default=False):
-            _fail("nothing was changed")
+            _fail("repair declined: nothing was changed (--yes repairs without asking)")
         Workspace.repair(store)
         after = Workspace.check(store)
     for line in iter_lines(after):
@@ -434,8 +531,16 @@ def repair(
 
 
 # --- the REST server and its credentials ------------------------------------------------------------
-keys_app = typer.Typer(help="API keys of the REST server: create, list, revoke.", no_args_is_help=True)
-scim_tokens_app = typer.Typer(help="SCIM tokens of the REST server: create, list, revoke.", no_args_is_help=True)
+keys_app = typer.Typer(
+    help="API keys of the REST server: create, list, revoke.\n\nEach command has its own --help.\n\nExample:\n"
+    "  engagelake keys create --name ingest --permissions users.track",
+    no_args_is_help=True,
+)
+scim_tokens_app = typer.Typer(
+    help="SCIM tokens of the REST server: create, list, revoke.\n\nEach command has its own --help.\n\nExample:\n"
+    "  engagelake scim-tokens create --origin https://idp.example.com",
+    no_args_is_help=True,
+)
 app.add_typer(keys_app, name="keys")
 app.add_typer(scim_tokens_app, name="scim-tokens")
 
@@ -457,12 +562,13 @@ def serve(
     max_queued: Annotated[int, typer.Option(min=1, help="Requests waiting to be applied before new ones get 503 "
                                                          "with Retry-After.")] = 2000,
 ) -> None:
-    """Serve the API over HTTP: every endpoint, with API keys, SCIM tokens and rate limits.
+    """Serve the API over HTTP: every endpoint, with keys, SCIM tokens, rate limits.
 
-    Create a key first (engagelake keys create --name NAME --permissions all); GET /healthz answers
-    once the server is ready. SIGTERM or Ctrl-C finishes and commits the requests in flight, then stops.
+    Create a key first (engagelake keys create --name NAME --permissions all); GET /healthz answers once the server is ready. SIGTERM or Ctrl-C finishes and commits the requests in flight, then stops.
 
-    Example: engagelake serve --store data/store --port 8000
+    Examples:
+      engagelake serve --store data/store --port 8000
+      engagelake serve --rate-limits off --host 0.0.0.0
     """
     from engagelake.api.limits import DEFAULT_LIMITS, parse_limit
 
@@ -495,10 +601,13 @@ def keys_create(
     ],
     store: Store = DEFAULT_STORE,
 ) -> None:
-    """Create an API key and print it, alone, on the last line. It is shown once: the store
-    keeps only its digest.
+    """Create an API key and print it, alone, on the last line; it is shown once.
 
-    Example: engagelake keys create --name ingest --permissions users.track
+    The store keeps only its digest. Permissions are endpoint permissions such as users.track and users.export.ids, or all.
+
+    Examples:
+      engagelake keys create --name ingest --permissions users.track
+      KEY=$(engagelake keys create --name app --permissions all | tail -1)
     """
     with _input_errors():
         from engagelake import Workspace
@@ -510,7 +619,13 @@ def keys_create(
 
 @keys_app.command("list")
 def keys_list(store: Store = DEFAULT_STORE) -> None:
-    """List every key ever created (names, IDs, permissions, times; never a secret)."""
+    """List every API key ever created: names, IDs, permissions, times; no secret.
+
+    Revoked keys stay listed, with the time they were revoked.
+
+    Example:
+      engagelake keys list --store data/store
+    """
     with _input_errors():
         keys = _open_existing(store).credentials.list_keys()
     _print_rows(keys, {"name": "name", "key ID": "key_id", "permissions": "permissions", "created": "created_at",
@@ -519,13 +634,24 @@ def keys_list(store: Store = DEFAULT_STORE) -> None:
 
 @keys_app.command("revoke")
 def keys_revoke(
-    name: Annotated[str, typer.Argument(help="The name of the key to revoke.", show_default=False)],
+    name: Annotated[str, typer.Argument(help="The name of the key to revoke.", metavar="NAME", show_default=False)],
     store: Store = DEFAULT_STORE,
 ) -> None:
-    """Revoke an API key: a running server refuses it within a second."""
+    """Revoke an API key by its name: a running server refuses it within a second.
+
+    The name is the one given to keys create, as keys list shows it.
+
+    Example:
+      engagelake keys revoke ingest --store data/store
+    """
+    from engagelake.errors import ConfigError
+
     with _input_errors():
-        _open_existing(store).credentials.revoke_key(name)
-    _console().print(f"revoked API key {name!r}")
+        try:
+            _open_existing(store).credentials.revoke_key(name)
+        except ConfigError as error:
+            _fail(f"{error}; `engagelake keys list --store {store}` shows every key's name")
+    _say(f"revoked API key {name!r}", markup=False)
 
 
 @scim_tokens_app.command("create")
@@ -533,9 +659,12 @@ def scim_tokens_create(
     origin: Annotated[str, typer.Option(help="The caller's origin, sent as X-Request-Origin with the token.")],
     store: Store = DEFAULT_STORE,
 ) -> None:
-    """Create a SCIM token bound to an origin and print it, alone, on the last line (shown once).
+    """Create a SCIM token bound to an origin; print it, alone, on the last line.
 
-    Example: engagelake scim-tokens create --origin https://idp.example.com
+    It is shown once: the store keeps only its digest. Callers send it with the header X-Request-Origin set to the same origin.
+
+    Example:
+      engagelake scim-tokens create --origin https://idp.example.com
     """
     with _input_errors():
         from engagelake import Workspace
@@ -547,7 +676,13 @@ def scim_tokens_create(
 
 @scim_tokens_app.command("list")
 def scim_tokens_list(store: Store = DEFAULT_STORE) -> None:
-    """List every SCIM token ever created (IDs, origins, times; never a secret)."""
+    """List every SCIM token ever created: IDs, origins, times; never a secret.
+
+    Revoked tokens stay listed, with the time they were revoked.
+
+    Example:
+      engagelake scim-tokens list --store data/store
+    """
     with _input_errors():
         tokens = _open_existing(store).credentials.list_scim_tokens()
     _print_rows(tokens, {"token ID": "token_id", "origin": "origin", "created": "created_at", "revoked": "revoked_at"})
@@ -556,22 +691,33 @@ def scim_tokens_list(store: Store = DEFAULT_STORE) -> None:
 @scim_tokens_app.command("revoke")
 def scim_tokens_revoke(
     token_id: Annotated[str, typer.Argument(help="The token's ID (the part after els_, before the next _).",
-                                            show_default=False)],
+                                            metavar="TOKEN_ID", show_default=False)],
     store: Store = DEFAULT_STORE,
 ) -> None:
-    """Revoke a SCIM token: a running server refuses it within a second."""
+    """Revoke a SCIM token by its ID: a running server refuses it within a second.
+
+    The ID is the part of the token after els_ and before the next _, as scim-tokens list shows it.
+
+    Example:
+      engagelake scim-tokens revoke 086cb1ed58e6 --store data/store
+    """
+    from engagelake.errors import ConfigError
+
     with _input_errors():
-        _open_existing(store).credentials.revoke_scim_token(token_id)
-    _console().print(f"revoked SCIM token {token_id!r}")
+        try:
+            _open_existing(store).credentials.revoke_scim_token(token_id)
+        except ConfigError as error:
+            _fail(f"{error}; `engagelake scim-tokens list --store {store}` shows every token's ID")
+    _say(f"revoked SCIM token {token_id!r}", markup=False)
 
 
 # --- demo steps ----------------------------------------------------------------------------------
 def _run_demo(
     users: int, objects: int, store: str, seed: int, requests_dir: Path, per_file: int
-) -> tuple[list[Path], list[int], float]:
+) -> tuple[list[AppliedFile], dict[Path, int]]:
     """Write the workload's request files, then apply them with the track_batch flow under
-    progress bars; return the files, the objects in each, and the seconds the flow took."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    progress bars; return what applying each file gave and the objects in each file."""
+    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 
     from engagelake.demo import count_objects, generate_workload, write_request_files
 
@@ -583,7 +729,7 @@ def _run_demo(
         MofNCompleteColumn(),
         TimeElapsedColumn(),
     )
-    with Progress(*columns, console=_console()) as progress:
+    with _progress(*columns) as progress:
         generating = progress.add_task("Generating requests", total=objects)
 
         def counted(requests: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
@@ -598,14 +744,26 @@ def _run_demo(
         midnight = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
         workload = generate_workload(users, objects, seed, now=midnight)
         paths = write_request_files(counted(workload), requests_dir, per_file)
+        objects_by_file = dict(zip(paths, file_objects, strict=True))
         applying = progress.add_task("Applying (track_batch flow)", total=sum(file_objects))
         started = time.perf_counter()
-        applied = _apply_with_flow(
-            requests_dir, store, progress, applying, dict(zip(paths, file_objects, strict=True))
-        )
+        applied = _apply_with_flow(requests_dir, store, progress, applying, objects_by_file)
         wall = time.perf_counter() - started
-    _console().print(f"[dim]flow wall time {wall:,.1f} s, including Prefect's start[/dim]")
-    return paths, file_objects, sum(a.seconds for a in applied)
+    _say(f"[dim]flow wall time {wall:,.1f} s, including Prefect's start[/dim]")
+    return applied, objects_by_file
+
+
+def _replayed(workspace: Workspace, applied: list[AppliedFile], started: datetime) -> set[Path]:
+    """The request files whose batch was committed before `started`: applying them again was
+    an idempotent replay that wrote nothing."""
+    from engagelake.files import read_request_file
+
+    replayed = set()
+    for file in applied:
+        committed_at = workspace.batch_committed_at(read_request_file(file.path).idempotency_key)
+        if committed_at is not None and committed_at < started:
+            replayed.add(file.path)
+    return replayed
 
 
 def _apply_with_flow(
@@ -624,7 +782,7 @@ def _merge_duplicates(users: int, store: str, folder: Path) -> list[str]:
     """Merge user-(i+51) into user-(i+50) for every hundred users, with the merge_batch flow;
     return the external IDs kept."""
     import orjson
-    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+    from rich.progress import SpinnerColumn, TextColumn, TimeElapsedColumn
 
     from flows.track_batch import merge_batch
 
@@ -637,7 +795,7 @@ def _merge_duplicates(users: int, store: str, folder: Path) -> list[str]:
                 for i in range(0, len(updates), 50)]
     (folder / "merges-000.ndjson").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in requests))
     columns = (TextColumn("{task.description:<28}"), SpinnerColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=_console()) as progress:
+    with _progress(*columns) as progress:
         progress.add_task(f"Merging {len(pairs):,} duplicates (merge_batch flow)", total=None)
         merge_batch(str(folder), store)
     return [keep for _, keep in pairs]
@@ -645,10 +803,8 @@ def _merge_duplicates(users: int, store: str, folder: Path) -> list[str]:
 
 def _print_lineage(workspace: Workspace, external_id: str) -> None:
     rows = workspace.lineage(external_id)
-    _console().print(f"\nLineage: engagelake lineage {external_id}")
-    from engagelake.rules.identity.lineage import describe
-
-    _print_frame(describe(rows), 10)
+    _say(f"\nLineage: engagelake lineage {external_id}", markup=False)
+    _print_lineage_tree(f"external_id {external_id}", rows, 10)
 
 
 def _remove_demo_files(folder: Path) -> None:
@@ -658,30 +814,34 @@ def _remove_demo_files(folder: Path) -> None:
             path.unlink()
 
 
-def _print_summary(workspace: Workspace, files: int, objects: int, seconds: float) -> None:
-    """Users, events and purchases in the store; files, objects and apply throughput of the run
-    (`seconds` is the time spent in `Workspace.apply`, without Prefect's start-up)."""
+def _print_summary(
+    workspace: Workspace, applied: list[AppliedFile], objects_by_file: dict[Path, int], replayed: set[Path]
+) -> None:
+    """Users, events and purchases in the store; files, objects and apply throughput of the
+    files this run applied (time spent in `Workspace.apply`, without Prefect's start-up). Files
+    already applied before (a re-run over the same store) were replays: no throughput for them."""
     from rich.table import Table
 
     counts = workspace.sql(
         "select (select count(*) from profiles) as users, (select count(*) from events) as events, "
         "(select count(*) from purchases) as purchases"
     ).row(0, named=True)
+    new = [file for file in applied if file.path not in replayed]
+    objects, seconds = sum(objects_by_file.get(f.path, 0) for f in new), sum(f.seconds for f in new)
     table = Table(
-        "users",
-        "events",
-        "purchases",
-        "files",
-        "objects",
-        "seconds",
-        "objects/s",
-        title="engagelake demo",
+        "users", "events", "purchases", "files applied", "objects", "seconds", "objects/s", title="engagelake demo"
     )
     table.add_row(
-        f"{counts['users']:,}", f"{counts['events']:,}", f"{counts['purchases']:,}", f"{files:,}",
-        f"{objects:,}", f"{seconds:,.1f}", f"{objects / max(seconds, 1e-9):,.0f}",
+        f"{counts['users']:,}", f"{counts['events']:,}", f"{counts['purchases']:,}", f"{len(new):,}",
+        f"{objects:,}", f"{seconds:,.1f}" if new else "–", f"{objects / max(seconds, 1e-9):,.0f}" if new else "–",
     )  # fmt: skip
     _console().print(table)
+    if replayed:
+        which = "All" if not new else f"{len(replayed):,} of the"
+        _say(
+            f"{which} {len(applied):,} request files were already applied to this store: an idempotent replay, "
+            "nothing written again" + (", so no throughput to show" if not new else ", not counted above")
+            + ". Measure with a new --store, or another --seed or --objects.")
 
 
 def _print_sample(workspace: Workspace) -> None:
@@ -692,7 +852,7 @@ def _print_sample(workspace: Workspace) -> None:
     response = workspace.call(
         "POST", "/users/export/ids", {"external_ids": ids, "fields_to_export": SAMPLE_FIELDS}
     )
-    _console().print(f"\nSample export: POST /users/export/ids {ids}")
+    _say(f"\nSample export: POST /users/export/ids {ids}", markup=False)
     _console().print_json(data=response.body)
 
 
@@ -715,6 +875,27 @@ def _fail(message: str) -> NoReturn:
 
     Console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/bold red] {escape(message)}")
     raise typer.Exit(1)
+
+
+def _stderr() -> Any:
+    """The stderr console: progress and status displays go there, never into piped output."""
+    from rich.console import Console
+
+    return Console(stderr=True)
+
+
+def _progress(*columns: Any, transient: bool = False) -> Progress:
+    """A rich progress display on stderr, shown only when stderr is a terminal (not in pipes,
+    logs or tests, where a redrawn bar would garble the text)."""
+    from rich.progress import Progress
+
+    console = _stderr()
+    return Progress(*columns, console=console, transient=transient, disable=not console.is_terminal)
+
+
+def _say(message: str, *, markup: bool = True) -> None:
+    """Print a message on stdout, unwrapped (a terminal wraps it; a pipe gets it whole)."""
+    _console().print(message, markup=markup, soft_wrap=True)
 
 
 def _console() -> Any:
@@ -773,14 +954,22 @@ def _export_ids(
 
 def _write_every_user(workspace: Workspace, fields: list[str] | None, out: Path) -> None:
     """Stream every user into users.ndjson and users.parquet in `out`, chunk by chunk."""
-    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     from engagelake.files import write_user_chunks
     from engagelake.rules.messages import EXPORT_FIELDS
 
-    columns = (SpinnerColumn(), TextColumn("Exporting every user: {task.completed:,} so far"), TimeElapsedColumn())
-    with Progress(*columns, console=_console(), transient=True) as progress:
-        task = progress.add_task("export", total=None)
+    users = workspace.sql("select count(*) as n from profiles")["n"][0]
+    columns = (TextColumn("Exporting every user"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+               TimeRemainingColumn())
+    with _progress(*columns, transient=True) as progress:
+        task = progress.add_task("export", total=users)
 
         def chunks() -> Iterator[list[dict[str, Any]]]:
             for chunk in workspace.iter_users(fields):
@@ -788,7 +977,7 @@ def _write_every_user(workspace: Workspace, fields: list[str] | None, out: Path)
                 progress.advance(task, len(chunk))
 
         ndjson, parquet, count = write_user_chunks(chunks(), out, fields or list(EXPORT_FIELDS))
-    _console().print(f"wrote {count:,} users to {ndjson} and {parquet}")
+    _say(f"wrote {count:,} users to {ndjson} and {parquet}", markup=False)
 
 
 def _write_export(users: list[dict[str, Any]], out: Path) -> None:
@@ -796,7 +985,7 @@ def _write_export(users: list[dict[str, Any]], out: Path) -> None:
     from engagelake.files import write_users_files
 
     ndjson, parquet = write_users_files(users, out)
-    _console().print(f"wrote {len(users):,} users to {ndjson} and {parquet}")
+    _say(f"wrote {len(users):,} users to {ndjson} and {parquet}", markup=False)
 
 
 def _message(body: Any) -> str:
@@ -823,7 +1012,72 @@ def _print_frame(frame: Any, limit: int) -> None:
         table.add_row(*("[dim]null[/dim]" if v is None else _cell(v) for v in row))
     _console().print(table)
     if frame.height > limit:
-        _console().print(f"[dim]… {frame.height - limit:,} more rows (--limit {limit})[/dim]")
+        _say(f"[dim]… {frame.height - limit:,} more rows (--limit {limit})[/dim]")
+
+
+def _sql_format(chosen: SqlFormat | None, out: Path | None) -> SqlFormat:
+    """The format `engagelake sql` writes: --format, else the suffix of --out, else a table."""
+    if chosen is None and out is not None:
+        suffixes = {f".{f.value}": f for f in SqlFormat if f is not SqlFormat.table}
+        if out.suffix.lower() not in suffixes:
+            _fail(f"cannot tell the format of --out {out} from its suffix; add --format csv, json or parquet, "
+                  "or name the file .csv, .json or .parquet")
+        return suffixes[out.suffix.lower()]
+    if chosen is SqlFormat.table and out is not None:
+        _fail("--out writes a file, the table format prints to the screen: add --format csv, json or parquet")
+    if chosen is SqlFormat.parquet and out is None:
+        _fail("--format parquet writes a binary file: add --out PATH, e.g. --out result.parquet")
+    return chosen or SqlFormat.table
+
+
+def _write_frame(frame: Any, chosen: SqlFormat, out: Path | None) -> None:
+    """Write a polars frame as csv, a JSON array or Parquet: to `out`, or (csv, json) to stdout."""
+    if chosen is SqlFormat.csv and (nested := [n for n, t in frame.schema.items() if t.is_nested()]):
+        _fail(f"csv cannot hold the nested column(s) {', '.join(nested)}; use --format json or parquet, "
+              f"or turn them into text in the query, e.g. to_json({nested[0]})")
+    if out is None:
+        typer.echo(frame.write_csv() if chosen is SqlFormat.csv else frame.write_json(), nl=chosen is SqlFormat.json)
+        return
+    out.parent.mkdir(parents=True, exist_ok=True)
+    {"csv": frame.write_csv, "json": frame.write_json, "parquet": frame.write_parquet}[chosen.value](out)
+    _say(f"wrote {frame.height:,} rows to {out}", markup=False)
+
+
+def _print_lineage_tree(title: str, rows: Any, limit: int) -> None:
+    """Print lineage rows (the first `limit`) as a rich tree: each profile not merged away, its
+    steps in order, and under each applied merge the merged profile's own steps."""
+    from rich.markup import escape
+    from rich.tree import Tree
+
+    from engagelake.rules.identity.lineage import LineageStep, ProfileHistory, lineage_tree
+
+    def step_text(step: LineageStep) -> str:
+        text = f"[dim]{step.at:%Y-%m-%d %H:%M:%S}[/dim]  [bold]{step.kind}[/bold] {escape(step.source or '')}"
+        text += f" → {escape(step.target)}" if step.target is not None else ""
+        if step.merged is not None:
+            text += f"  [dim](profile {step.merged.service_id[:8]} merged in)[/dim]"
+        if step.outcome != "applied":
+            text += f"  [yellow]{escape(step.outcome)}: {escape(step.reason or 'no reason given')}[/yellow]"
+        return text
+
+    def add_steps(branch: Tree, history: ProfileHistory) -> None:
+        for step in history.steps:
+            node = branch.add(step_text(step))
+            if step.merged is not None:
+                add_steps(node, step.merged)
+
+    roots, loose = lineage_tree(rows.head(limit))
+    tree = Tree(f"[bold]{escape(title)}[/bold]: {rows.height:,} lineage row(s)")
+    for root in roots:
+        state = "[red]deleted[/red]" if root.deleted else "[green]live[/green]"
+        add_steps(tree.add(f"profile {root.service_id[:8]} ({state})"), root)
+    if loose:
+        branch = tree.add("[dim]steps that resolved to no profile[/dim]")
+        for step in loose:
+            branch.add(step_text(step))
+    _console().print(tree)
+    if rows.height > limit:
+        _say(f"[dim]… {rows.height - limit:,} more rows (--limit {limit})[/dim]")
 
 
 def _print_rows(rows: list[dict[str, Any]], columns: dict[str, str]) -> None:

@@ -684,12 +684,13 @@ class Workspace:
         return deleted
 
     @_store_errors
-    def compact(self) -> dict[str, int]:
+    def compact(self, *, on_table: Callable[[str, int, int], None] | None = None) -> dict[str, int]:
         """Compact the store (see `DeltaStore.compact`): afterwards the files hold only current
         rows, so a deleted user's data is gone from disk. The store's published copy (`publish`
         to its default folder), if there is one, is published again: it would keep deleted
-        users' rows. Returns the rows kept per table."""
-        kept = self.store.compact()
+        users' rows. Returns the rows kept per table; `on_table(name, done, total)` is called
+        before each table is rewritten."""
+        kept = self.store.compact(on_table=on_table)
         marker = Path(self.store.uri) / PUBLISHED_FOLDER / PUBLISHED_MARKER
         if marker.exists():
             self._publish(list(json.loads(marker.read_text())["tables"]), None, erase_old=True)
@@ -723,6 +724,14 @@ class Workspace:
         """Every lineage row of the profiles an identifier has named (now or in the past), and
         of the profiles merged with them, in order."""
         return lineage_rows(self.state, identifier, kind=kind)
+
+    @_store_errors
+    def batch_committed_at(self, idempotency_key: str) -> datetime | None:
+        """When the batch with this idempotency key was committed, or None if none was: `apply`
+        with a key already committed is a replay that answers the stored responses and writes
+        nothing."""
+        stored = self.store.find_batch(idempotency_key)
+        return None if stored is None else stored.committed_at
 
     # --- resources: friendly methods over `call` ------------------------------------------------
     @property

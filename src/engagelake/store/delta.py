@@ -861,11 +861,12 @@ class DeltaStore:
         self.merges.append((name, len(runs), time.perf_counter() - started))
         return table.version()
 
-    def compact(self) -> dict[str, int]:
+    def compact(self, *, on_table: Callable[[str, int, int], None] | None = None) -> dict[str, int]:
         """Rewrite every table as its current rows (newest row per key, no tombstones, history
         moved to surviving profiles, lineage of deleted profiles redacted), delete every file
         and log entry the new versions do not need, then commit the new versions. Local stores
-        only. Readers opened before must reopen. Returns the rows kept per table.
+        only. Readers opened before must reopen. Returns the rows kept per table. `on_table(name,
+        done, total)` is called before each table is rewritten (for progress displays).
 
         The sorted tables stream through DuckDB within the memory budget, so compaction holds
         no table in memory; the small unsorted ones (resources, lineage) keep their order.
@@ -884,7 +885,9 @@ class DeltaStore:
             with merging.connection(self.memory_limit) as con:
                 snap.duckdb(con)  # current rows, over the old files: they stay until every table is written
                 gone = con.sql('SELECT service_id FROM redirects WHERE "into" IS NULL').pl()["service_id"]
-                for name in STORED:
+                for done, name in enumerate(STORED):
+                    if on_table is not None:
+                        on_table(name, done, len(STORED))
                     if not DeltaTable.is_deltatable(self._path(name)):
                         self._create_table(name)
                     # old log entries hold column statistics of old files: let cleanup drop them

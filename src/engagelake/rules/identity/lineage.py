@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from datetime import datetime
+
 import polars as pl
 
 from engagelake.rules.state import State
@@ -57,8 +60,9 @@ def _identifier_text(col: str) -> pl.Expr:
     their kind; anything else as sent."""
     c = pl.col(col)
     alias = c.str.json_path_match("$.user_alias.alias_label") + ":" + c.str.json_path_match("$.user_alias.alias_name")
+    bare_alias = c.str.json_path_match("$.alias_label") + ":" + c.str.json_path_match("$.alias_name")  # alias rows
     return pl.coalesce(
-        c.str.json_path_match("$.external_id"), alias,
+        c.str.json_path_match("$.external_id"), alias, bare_alias,
         *[pl.lit(f"{k} ") + c.str.json_path_match(f"$.{k}") for k in ("email", "phone", "service_id")], c)
 
 
@@ -68,3 +72,66 @@ def describe(rows: pl.DataFrame) -> pl.DataFrame:
         "kind", "outcome", _identifier_text("source").alias("from"), _identifier_text("target").alias("to"),
         pl.col("reason").fill_null(""), pl.col("source_sid").str.slice(0, 8).alias("from_sid"),
         pl.col("target_sid").str.slice(0, 8).alias("to_sid"))
+
+
+DELETING = ("delete", "cleanup")  # kinds whose applied rows delete their source profile
+
+
+@dataclass(frozen=True)
+class LineageStep:
+    """One lineage row, for people: identifiers as text; `merged` is the profile an applied
+    merge or identify folded into this one, with its own earlier history."""
+
+    at: datetime
+    kind: str
+    outcome: str
+    source: str | None
+    target: str | None
+    reason: str | None
+    merged: ProfileHistory | None = None
+
+
+@dataclass(frozen=True)
+class ProfileHistory:
+    """A profile's lineage steps in order; `deleted` when one of them deleted it."""
+
+    service_id: str
+    steps: list[LineageStep]
+    deleted: bool
+
+
+def lineage_tree(rows: pl.DataFrame) -> tuple[list[ProfileHistory], list[LineageStep]]:
+    """Lineage rows as a forest: each profile that was not merged away, its steps, and under
+    each applied merge (or identify) the merged profile's own history. Rows that name no
+    profile (both sides unresolvable) come second, as loose steps. Lineage is small: rows are
+    walked in Python."""
+    shown = rows.select(
+        "at", "kind", "outcome", "source_sid", "target_sid", _identifier_text("source").alias("from"),
+        _identifier_text("target").alias("to"), "reason")
+    steps: dict[str, list[tuple[LineageStep, str | None]]] = {}  # owner -> (step, merged profile)
+    loose: list[LineageStep] = []
+    merged_away: set[str] = set()
+    for r in shown.iter_rows(named=True):
+        step = LineageStep(r["at"], r["kind"], r["outcome"], r["from"], r["to"], r["reason"])
+        source, target = r["source_sid"], r["target_sid"]
+        folds = r["outcome"] == "applied" and source is not None and target is not None and source != target
+        owner = target if folds or (target is not None and source is None) else source or target
+        if owner is None:
+            loose.append(step)
+            continue
+        steps.setdefault(owner, []).append((step, source if folds else None))
+        if folds:
+            merged_away.add(source)
+            steps.setdefault(source, [])
+    built: set[str] = set()
+
+    def build(sid: str) -> ProfileHistory:
+        built.add(sid)
+        own = [LineageStep(s.at, s.kind, s.outcome, s.source, s.target, s.reason,
+                           build(m) if m is not None and m not in built else None) for s, m in steps[sid]]
+        deleted = any(s.kind in DELETING and s.outcome == "applied" for s, m in steps[sid] if m is None)
+        return ProfileHistory(sid, own, deleted)
+
+    roots = [build(sid) for sid in steps if sid not in merged_away]
+    roots += [build(sid) for sid in steps if sid not in built]  # a cycle, which merges cannot make
+    return roots, loose
