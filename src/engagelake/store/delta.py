@@ -944,9 +944,7 @@ class DeltaStore:
             if name == "preference_center_submits":  # a deleted user's submits go with the user
                 rows = rows.filter(~pl.col("service_id").is_in(gone.implode()))
             if name == "merges":
-                rows = rows.with_columns(
-                    [pl.when(pl.col("source_sid").is_in(gone.implode()) | pl.col("target_sid").is_in(gone.implode()))
-                     .then(None).otherwise(pl.col(c)).alias(c) for c in ("source", "target")])
+                rows = _redacted_lineage(rows, gone, _identifiers_of(snap, gone))
             return rows.with_columns(**stamp).select(list(_stored_schema(name))).to_arrow()
         schema = _arrow_schema(name)
         columns = ", ".join(f'"{c}"' for c in SCHEMAS[name])
@@ -1002,6 +1000,46 @@ class DeltaStore:
                             self.head.seed, [], kind="compaction")
         self.head = Head(batch_no, versions, self.head.next_profile_n, self.head.next_update_seq, self.head.seed,
                          content_batch=self.head.content_batch)
+
+
+# how lineage rows name an identifier (as requests do), as (JSON path, kind)
+_LINEAGE_PATHS = (("$.external_id", "external_id"), ("$.email", "email"), ("$.phone", "phone"))
+_ALIAS_PATHS = (("$.user_alias.alias_label", "$.user_alias.alias_name"), ("$.alias_label", "$.alias_name"))
+
+
+def _identifiers_of(snap: Snapshot, gone: pl.Series) -> pl.DataFrame:
+    """(kind, value) of every identifier a deleted profile (`gone`) ever held: external IDs
+    (renamed ones too), aliases ("label\x1fname"), emails and phones, from every stored row,
+    tombstoned ones included (a compaction reads each table whole anyway)."""
+    parts = []
+    for table, kind, value in (("external_ids", "external_id", pl.col("external_id")),
+                               ("aliases", "alias", pl.concat_str("alias_label", pl.lit("\x1f"), "alias_name")),
+                               ("profiles", "email", pl.col("email")), ("profiles", "phone", pl.col("phone"))):
+        stored = snap._stored(table)
+        if stored is not None:
+            parts.append(stored.filter(pl.col("service_id").is_in(gone.implode()))
+                         .select(pl.lit(kind).alias("kind"), value.alias("value")))
+    if not parts:
+        return pl.DataFrame(schema={"kind": pl.String, "value": pl.String})
+    return pl.concat(parts).drop_nulls().unique().collect()
+
+
+def _redacted_lineage(rows: pl.DataFrame, gone: pl.Series, identifiers: pl.DataFrame) -> pl.DataFrame:
+    """Lineage rows without a deleted profile's identifiers: both identifiers of a row that
+    touched a deleted profile, and the identifier of a side that resolved to no profile (a
+    skipped request, such as a delete retried) when a deleted profile held it."""
+    touched = pl.col("source_sid").is_in(gone.implode()) | pl.col("target_sid").is_in(gone.implode())
+    redact = {}
+    for side in ("source", "target"):
+        text = pl.col(side)
+        named = [text.str.json_path_match(path).is_in(identifiers.filter(pl.col("kind") == kind)["value"].implode())
+                 for path, kind in _LINEAGE_PATHS]
+        aliases = identifiers.filter(pl.col("kind") == "alias")["value"].implode()
+        named += [pl.concat_str(text.str.json_path_match(label), pl.lit("\x1f"), text.str.json_path_match(alias))
+                  .is_in(aliases) for label, alias in _ALIAS_PATHS]
+        unresolved = pl.col(f"{side}_sid").is_null() & pl.any_horizontal(named).fill_null(False)
+        redact[side] = pl.when(touched | unresolved).then(None).otherwise(text)
+    return rows.with_columns(**redact)
 
 
 class Snapshot:
