@@ -1,4 +1,4 @@
-"""`Workspace.forget_check` and `find_copies` (store/forget.py): every copy of a
+"""`Workspace.forget_check` and `engagelake forget-check` (store/forget.py): every copy of a
 user's data left anywhere in a store folder, on real stores, before and after a hard delete
 (`/users/delete` then `compact`)."""
 
@@ -11,8 +11,10 @@ import pyarrow.parquet as pq
 import pytest
 from deltalake import write_deltalake
 from tests.helpers import ALL_FIELDS, EXPORT, TRACK, event, open_ws, post, track_ok
+from typer.testing import CliRunner
 
 from engagelake import NotAStore, Workspace
+from engagelake.cli import app
 from engagelake.store.forget import (
     CHECKPOINT,
     DATA,
@@ -26,6 +28,7 @@ from engagelake.store.forget import (
     find_copies,
 )
 
+runner = CliRunner()
 DELETE = "/users/delete"
 VICTIM = {"external_id": "victim-77", "email": "victim77@example.com", "first_name": "Vicky",
           "favourite_colour": "ultramarine-blue"}
@@ -293,3 +296,71 @@ def test_finds_values_inside_nested_and_json_columns(tmp_path: Path) -> None:
     assert {(o.column, o.value) for o in report.occurrences if o.detail == "1 row"} == {
         ("props", 'say "hi" victim'), ("json", 'say "hi" victim'), ("raw", "victim-bytes")}
     assert {o.place for o in report.occurrences if o.detail == "1 row"} == {OTHER}  # a file outside any table
+
+
+# --- the command line --------------------------------------------------------------------------------
+
+
+def invoke(*args: str) -> tuple[int, str]:
+    result = runner.invoke(app, ["forget-check", *args], env={"COLUMNS": "250"})
+    return result.exit_code, result.output
+
+
+def test_cli_prints_where_the_values_are_and_exits_1(two: Workspace, tmp_path: Path) -> None:
+    code, out = invoke("--store", str(tmp_path / "store"), "--external-id", "victim-77")
+
+    assert code == 1, out
+    assert "copies found" in out and "victim77@example.com" in out and "_index_profiles_email" in out
+    assert "the identifiers name 1 profile(s)" in out and "value(s) found in" in out
+    assert "--value victim-77 --value Vicky --value victim77@example.com" in out  # for the check after the delete
+
+
+def test_cli_after_delete_and_compact_exits_0(two: Workspace, tmp_path: Path) -> None:
+    r = two.call("POST", "/users/alias/new", {"user_aliases": [
+        {"alias_name": "vic-crm-9", "alias_label": "crm", "external_id": "victim-77"}]})
+    assert r.status == 200
+    store = str(tmp_path / "store")
+    code, out = invoke("--store", store, "--alias", "vic-crm-9:crm")
+    assert code == 1 and "aliases" in out and "vic-crm-9" in out
+    delete(two, "victim-77")
+    two.compact()
+
+    code, out = invoke("--store", store, "--alias", "vic-crm-9:crm", "--value", "victim77@example.com",
+                       "--value", "ultramarine-blue")
+
+    assert code == 0, out
+    assert "no copy of any value found" in out and "copies found" not in out
+
+
+def test_cli_shows_old_versions_still_on_disk(two: Workspace, tmp_path: Path) -> None:
+    two.publish()
+    two.publish()
+
+    code, out = invoke("--store", str(tmp_path / "store"), "--value", "nobody-has-this")
+
+    assert code == 0, out
+    assert "old versions still on disk" in out and "current/profiles" in out
+
+
+@pytest.mark.parametrize("alias", ["victim", ":crm", "vic-crm-9:", ":"])
+def test_cli_refuses_an_alias_that_is_not_name_colon_label(alias: str, two: Workspace, tmp_path: Path) -> None:
+    code, out = invoke("--store", str(tmp_path / "store"), "--alias", alias)
+
+    assert code == 1
+    assert "is not NAME:LABEL" in out and "Traceback" not in out
+
+
+def test_cli_errors_say_what_to_fix(tmp_path: Path) -> None:
+    code, out = invoke("--store", str(tmp_path / "missing"), "--external-id", "victim-77")
+    assert code == 1 and "no store at" in out
+    assert not (tmp_path / "missing").exists()
+
+    code, out = invoke("--store", str(tmp_path / "missing"))
+    assert code == 1 and "nothing to look for" in out
+
+
+def test_cli_help_has_an_example() -> None:
+    result = runner.invoke(app, ["forget-check", "--help"], env={"COLUMNS": "250"})
+
+    assert result.exit_code == 0
+    assert "Example: engagelake forget-check --store" in result.output and "--alias" in result.output
