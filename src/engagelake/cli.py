@@ -1,5 +1,6 @@
 """The `engagelake` command line: `demo`, `apply`, `export`, `sql`, `lineage`, `compact`,
-`cleanup-push-profiles`, `publish`, `check`, `repair`, `serve`, `keys`, `scim-tokens`.
+`cleanup-push-profiles`, `publish`, `check`, `repair`, `forget-check`, `serve`, `keys`,
+`scim-tokens`.
 
 Every command is a thin edge over `Workspace` (or, for `demo`, the `track_batch` flow, which
 calls `Workspace`). Heavy modules (polars, duckdb, deltalake, prefect) are imported inside the
@@ -10,6 +11,7 @@ and exit code 1, never a traceback.
 from __future__ import annotations
 
 import os
+import shlex
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -24,6 +26,7 @@ if TYPE_CHECKING:
     from rich.progress import Progress, TaskID
 
     from engagelake.files import AppliedFile
+    from engagelake.store.forget import ForgetReport
     from engagelake.workspace import Workspace
 
 app = typer.Typer(
@@ -530,6 +533,52 @@ def repair(
         raise typer.Exit(1)
 
 
+@app.command("forget-check")
+def forget_check(
+    store: Store = DEFAULT_STORE,
+    external_id: Annotated[str | None, typer.Option("--external-id", "-e", help="The user's external ID.")] = None,
+    email: Annotated[str | None, typer.Option(help="The user's email address.")] = None,
+    phone: Annotated[str | None, typer.Option(help="The user's phone number.")] = None,
+    alias: Annotated[
+        str | None,
+        typer.Option(help="The user's alias as NAME:LABEL (split at the last colon); its name is searched for."),
+    ] = None,
+    value: Annotated[
+        list[str] | None,
+        typer.Option("--value", help="Another text to search for (repeatable): an event property, a value kept "
+                     "from before the delete."),
+    ] = None,
+) -> None:
+    """Verify a hard delete: search every file under a local store folder for any copy of a
+    user's data. Table data, files of older versions still on disk, Delta log entries and
+    checkpoints, Parquet statistics (footer and page index), footer caches, the published
+    current/ folder and any other file are searched, Parquet decoded. Prints each place a value
+    occurs and each table's old versions still on disk; exits 1 when a value occurs anywhere
+    (or a file could not be searched whole), 0 otherwise.
+
+    Searched for: the identifier given, every --value, and while the identifier still names a
+    profile, each string of its full export of 3 characters or more (shorter ones, such as
+    country codes, are in other users' rows too), except its service_id (kept on purpose after
+    a delete, in redirects and lineage: pass it with --value to see where), alias labels, app
+    ids, platforms and times the engine wrote. Run it before the delete to see the values, then
+    after delete and compact with them as --value: a value other users share is found in their
+    rows too.
+
+    Example: engagelake forget-check --store data/store --external-id user-42 --value user42@example.com
+    """
+    names = _parse_alias(alias) if alias is not None else None
+    if external_id is None and email is None and phone is None and names is None and not value:
+        _fail("nothing to look for: give --external-id, --email, --phone, --alias NAME:LABEL or --value TEXT")
+    with _input_errors():
+        workspace = _open_existing(store)
+        with _console().status("searching every file of the store..."):
+            report = workspace.forget_check(external_id=external_id, email=email, phone=phone, alias=names,
+                                            values=value or ())
+    _print_forget_report(report)
+    if report.found:
+        raise typer.Exit(1)
+
+
 # --- the REST server and its credentials ------------------------------------------------------------
 keys_app = typer.Typer(
     help="API keys of the REST server: create, list, revoke.\n\nEach command has its own --help.\n\nExample:\n"
@@ -915,6 +964,62 @@ def _open_existing(store: str, **options: Any) -> Workspace:
             f"no store at {store!r}; pass --store PATH, or create one with `engagelake demo` or `engagelake apply FILE`"
         )
     return Workspace.open(store, create=False, **options)
+
+
+def _parse_alias(alias: str) -> tuple[str, str]:
+    """`NAME:LABEL` → `(NAME, LABEL)`, split at the last colon (a name may hold colons)."""
+    name, colon, label = alias.rpartition(":")
+    if not colon or not name or not label:
+        _fail(f"--alias {alias!r} is not NAME:LABEL; give the alias name and label, e.g. --alias user-42:crm")
+    return name, label
+
+
+def _print_forget_report(report: ForgetReport) -> None:
+    """Where the values occur (a table: one row per file, place and column), the retained old
+    versions, the files that could not be searched whole, and a verdict."""
+    from rich.table import Table
+
+    from engagelake.store.forget import PLACES
+
+    console = _console()
+    console.print(f"searched {report.files:,} files under {_cell(report.root)} for {len(report.values)} value(s)")
+    if report.profiles:  # the values a check after the delete needs: the profile is gone then
+        console.print(f"the identifiers name {report.profiles} profile(s): their current values are searched too. "
+                      "To check them after the delete, pass:")
+        console.print(_cell(" ".join(f"--value {shlex.quote(v)}" for v in report.values)), soft_wrap=True)
+    places: dict[tuple[str, str, str], tuple[list[str], list[str]]] = {}
+    for o in sorted(report.occurrences, key=lambda o: (o.path, PLACES.index(o.place))):
+        values, details = places.setdefault((o.path, o.place, o.column or ""), ([], []))
+        values.extend(v for v in [o.value] if v not in values)
+        details.extend(d for d in [o.detail] if d and d not in details)
+    if places:
+        table = Table("file", "place", "column", "values", "detail", title="copies found")
+        table.columns[0].overflow = "fold"
+        for (path, place, column), (values, details) in places.items():
+            detail = ", ".join(details[:2]) + (f", ... ({len(details)} in all)" if len(details) > 2 else "")
+            table.add_row(_cell(path), place, _cell(column), _cell(", ".join(values)), _cell(detail))
+        console.print(table)
+    if report.retained:
+        table = Table("table", "version", "old data files", "old log entries",
+                      title="old versions still on disk (vacuum retention)")
+        table.columns[2].overflow = table.columns[3].overflow = "fold"
+        for kept in report.retained:
+            table.add_row(_cell(kept.table), str(kept.version), _cell("\n".join(kept.old_files) or "-"),
+                          _cell("\n".join(kept.old_log_entries) or "-"))
+        console.print(table)
+    for line in report.notes:
+        console.print(f"[dim]note: {_cell(line)}[/dim]")
+    for line in report.unreadable:
+        console.print(f"[bold red]not searched whole[/bold red] (raw bytes only): {_cell(line)}")
+    if report.occurrences:
+        found = len({o.value for o in report.occurrences})
+        console.print(f"[bold red]{found} of {len(report.values)} value(s) found in {len(places)} place(s) of "
+                      f"{len({o.path for o in report.occurrences})} file(s)[/bold red]")
+    elif report.unreadable:
+        console.print("[bold red]no copy found in the files searched, but some could not be searched whole[/bold red]")
+    else:
+        console.print("[bold green]no copy of any value found[/bold green]"
+                      + (" (old versions are still on disk: see above)" if report.retained else ""))
 
 
 def _parse_fields(fields: str | None) -> list[str] | None:

@@ -32,9 +32,11 @@ import polars.selectors as cs
 import pyarrow as pa
 
 from engagelake.errors import (
+    ConfigError,
     EngagelakeError,
     IdempotencyKeyReused,
     IdempotentResponsesExpired,
+    RequestError,
     StaleStoreError,
     StoreError,
     StoreExists,
@@ -73,6 +75,7 @@ if TYPE_CHECKING:
     import duckdb  # imported where used: a process that only reads never loads it
 
     from engagelake.store.check import Report
+    from engagelake.store.forget import ForgetReport
 
 Clock = Callable[[], datetime]
 MEMORY_ENV = "ENGAGELAKE_MEMORY_LIMIT"
@@ -90,6 +93,15 @@ RETRY_FOR_S = 60.0
 # the specification's cap of /users/track requests on monthly-active-user plans: attributes,
 # events and purchases of one request together (`Workspace.open(monthly_active_user_plan=True)`)
 MAU_UPDATES_PER_REQUEST = 50
+# `forget_check`: the shortest exported string searched for (shorter ones, such as country and
+# language codes, are in every other user's rows too); identifiers and `values` are searched
+# whatever their length
+FORGET_MIN_CHARS = 3
+# exported strings that are not the person's: the key the engine generates (kept on purpose
+# after a delete, in `redirects` and the delete's lineage row) and names of categories every
+# user shares (alias labels, app ids, platforms); times the engine wrote are skipped too
+FORGET_SKIPPED = ("service_id", "alias_label", "app", "app_id", "platform")
+_ENGINE_TIME = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?Z$")
 SEEN_SPOOL_BYTES = 16 << 20  # request text a batch keeps in memory for a retry (see `_Seen`)
 # Endpoints the workspace runs itself: track passes, export reads, identity runs.
 USER_ROUTES: dict[str, dict[str, str]] = {
@@ -120,6 +132,19 @@ def route_of(method: str, path: str) -> tuple[str | None, Response | None]:
                     method=printable(method), path=printable(path), allowed=", ".join(methods))})
             return pattern, None
     return None, Response(404, {"message": M.NOT_FOUND.format(method=printable(method), path=printable(path))})
+
+
+def _strings(value: Any, key: str | None) -> Iterator[tuple[str | None, str]]:
+    """(key, text) of every string leaf of an exported value, with the key of the object
+    holding it (keys themselves are field and attribute names, not the person's)."""
+    if isinstance(value, str):
+        yield key, value
+    elif isinstance(value, dict):
+        for name, item in value.items():
+            yield from _strings(item, name)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _strings(item, key)
 
 
 def _now() -> datetime:
@@ -732,6 +757,49 @@ class Workspace:
         nothing."""
         stored = self.store.find_batch(idempotency_key)
         return None if stored is None else stored.committed_at
+
+    def forget_check(self, *, external_id: str | None = None, email: str | None = None, phone: str | None = None,
+                     alias: tuple[str, str] | None = None, values: Iterable[str] = ()) -> ForgetReport:
+        """Where any copy of a user's data remains in the store folder (`engagelake
+        forget-check`): every file under it, old versions, logs, statistics and caches
+        included (`store/forget.py`). Searched for: the identifiers given (an alias, given as
+        (alias_name, alias_label), by its name), `values`, and while the identifiers still
+        name profiles, every string of their full export of at least FORGET_MIN_CHARS
+        characters but those of FORGET_SKIPPED and the times the engine wrote. Local stores
+        only; writes nothing (the export commits no batch)."""
+        from engagelake.store.forget import find_copies
+
+        if not self.store.local:
+            raise ConfigError(f"forget_check reads the files of a local store; {self.store.uri} is not one")
+        identifiers = [v for v in (external_id, email, phone, alias[0] if alias else None) if v is not None]
+        users = self._users_named(external_id, email, phone, alias)
+        held = [text for user in users for key, text in _strings(user, None)
+                if key not in FORGET_SKIPPED and len(text) >= FORGET_MIN_CHARS and not _ENGINE_TIME.match(text)]
+        wanted = list(dict.fromkeys([*identifiers, *values, *held]))
+        if not wanted:
+            raise ConfigError("forget_check needs something to look for: an external_id, email, phone, alias or "
+                              "values")
+        report = find_copies(self.store.uri, wanted)
+        report.profiles = len(users)
+        return report
+
+    def _users_named(self, external_id: str | None, email: str | None, phone: str | None,
+                     alias: tuple[str, str] | None) -> list[dict[str, Any]]:
+        """The full export of every profile the identifiers name (one export per identifier:
+        the endpoint takes one of email and phone at a time)."""
+        bodies: list[dict[str, Any]] = [{"external_ids": [external_id]}] if external_id is not None else []
+        bodies += [{"email_address": email}] if email is not None else []
+        bodies += [{"phone": phone}] if phone is not None else []
+        bodies += [{"user_aliases": [{"alias_name": alias[0], "alias_label": alias[1]}]}] if alias else []
+        users: dict[str, dict[str, Any]] = {}
+        for body in bodies:
+            response = self.call("POST", "/users/export/ids", {**body, "fields_to_export": list(M.EXPORT_FIELDS)})
+            if response.status != 200:
+                message = response.body.get("message") if isinstance(response.body, dict) else response.body
+                raise RequestError(f"/users/export/ids answered {response.status} for {body}: {message}",
+                                   response.status, response.body)
+            users.update((user["service_id"], user) for user in response.body["users"])
+        return list(users.values())
 
     # --- resources: friendly methods over `call` ------------------------------------------------
     @property
