@@ -142,47 +142,53 @@ def test_another_users_data_is_neither_searched_nor_touched(two: Workspace) -> N
 # --- copies left on current main -----------------------------------------------------------------
 
 
-def test_finds_stored_responses_in_the_ledger(tmp_path: Path) -> None:
-    """The issue's reproduction: an idempotent batch's stored responses keep an export of the
-    user after delete and compact (the ledger is not compacted)."""
-    ws = open_ws(tmp_path)
-    track_ok(ws, attributes=[{"external_id": "victim-77", "email": "victim77@example.com"}])
-    ws.apply([post(EXPORT, {"external_ids": ["victim-77"], "fields_to_export": ALL_FIELDS})], idempotency_key="k1")
-    delete(ws, "victim-77")
-    ws.compact()
+def test_the_issues_reproduction_finds_nothing_after_delete_and_compact(two: Workspace) -> None:
+    """Issue 15's reproduction: a keyed export of the victim, a keyed export of the keeper, then
+    delete and compact. Every file decoded: no value of the victim anywhere; the keeper's data
+    and stored responses intact."""
+    victim = [post(EXPORT, {"external_ids": ["victim-77"], "fields_to_export": ALL_FIELDS})]
+    keeper = [post(EXPORT, {"external_ids": ["keeper-5"], "fields_to_export": ALL_FIELDS})]
+    assert two.apply(victim, idempotency_key="k1")[0].body["users"][0]["email"] == "victim77@example.com"
+    kept = two.apply(keeper, idempotency_key="k2")
+    values = sorted(two.forget_check(external_id="victim-77").values)
+    delete(two, "victim-77")
+    two.compact()
 
-    report = ws.forget_check(external_id="victim-77", values=["victim77@example.com"])
+    report = two.forget_check(external_id="victim-77", values=values)
 
-    assert (DATA, "_ledger", "responses") in places(report, "victim77@example.com")
-    assert tables(report) == {"_ledger"}
+    assert not report.found, report.occurrences
+    assert not report.retained
+    assert two.apply(keeper, idempotency_key="k2") == kept
+    still = two.forget_check(external_id="keeper-5")
+    assert {(DATA, "_ledger", "responses"), (DATA, "profiles", "email")} <= places(still, "keeper5@example.com")
 
 
-def test_finds_a_keyless_batchs_export_in_the_ledger(tmp_path: Path) -> None:
-    """A batch without a key that writes stores every response too: an export in it stays."""
+def test_a_keyless_batchs_export_is_never_stored(tmp_path: Path) -> None:
+    """A batch without a key stores no responses: nothing can replay them."""
     ws = open_ws(tmp_path)
     ws.apply([post(TRACK, {"attributes": [{"external_id": "victim-77", "email": "victim77@example.com"}]}),
               post(EXPORT, {"external_ids": ["victim-77"], "fields_to_export": ["email"]})])
+    assert (DATA, "_ledger", "responses") not in places(
+        ws.forget_check(external_id="victim-77", values=["victim77@example.com"]), "victim77@example.com")
     delete(ws, "victim-77")
     ws.compact()
 
-    report = ws.forget_check(external_id="victim-77", values=["victim77@example.com"])
-
-    assert places(report, "victim77@example.com") == {(DATA, "_ledger", "responses")}
+    assert not ws.forget_check(external_id="victim-77", values=["victim77@example.com"]).found
 
 
-def test_finds_an_unresolved_identifier_kept_in_lineage(two: Workspace) -> None:
-    """A delete (or any identity request) that resolved to no profile writes a skipped lineage
-    row with the identifier as sent; compaction redacts only rows naming a deleted profile's
-    service_id, so the identifier stays in `merges.source`."""
+def test_an_unresolved_identifier_of_a_deleted_user_leaves_the_lineage(two: Workspace) -> None:
+    """A delete retried after the user went writes a skipped lineage row naming the identifier
+    as sent, with no profile: compaction redacts it (a deleted profile held it)."""
     delete(two, "victim-77")
     r = two.call("POST", DELETE, {"external_ids": ["victim-77"]})  # a retry
     assert r.body == {"deleted": 0, "message": "success"}
+    before = two.forget_check(external_id="victim-77")
+    assert (DATA, "merges", "source") in places(before, "victim-77")
     two.compact()
 
-    report = two.forget_check(external_id="victim-77")
-
-    assert {(DATA, "merges", "source"), (STATISTICS, "merges", "source")} <= places(report, "victim-77")
-    assert tables(report) == {"merges"}
+    assert not two.forget_check(external_id="victim-77").found
+    skipped = two.lineage("keeper-5")  # the keeper's lineage is untouched (it has none)
+    assert skipped.height == 0
 
 
 def test_the_deleted_service_id_stays_in_redirects_and_lineage(two: Workspace) -> None:
@@ -200,19 +206,19 @@ def test_the_deleted_service_id_stays_in_redirects_and_lineage(two: Workspace) -
     assert tables(report) == {"redirects", "merges"}
 
 
-def test_finds_the_published_copy_that_a_new_publication_keeps_for_an_hour(two: Workspace) -> None:
+def test_compaction_publishes_the_copy_again_and_a_later_publication_holds_no_old_copy(two: Workspace) -> None:
+    """`current/` (from `publish`) is written again by the compaction, its replaced files
+    erased at once; the hour a later publication keeps old files for its readers holds no copy."""
     two.publish()
     delete(two, "victim-77")
     two.compact()
+    assert not two.forget_check(external_id="victim-77", values=["victim77@example.com"]).retained
     two.publish()
 
     report = two.forget_check(external_id="victim-77", values=["victim77@example.com"])
 
-    assert (OLD_DATA, "current/profiles", "email") in places(report, "victim77@example.com")
-    assert tables(report) == {"current/profiles", "current/external_ids"}
+    assert not report.found, report.occurrences
     assert {"current/profiles", "current/external_ids"} <= {kept.table for kept in report.retained}
-    profiles = next(kept for kept in report.retained if kept.table == "current/profiles")
-    assert profiles.old_files and profiles.old_log_entries == ("current/profiles/_delta_log/00000000000000000000.json",)
 
 
 def test_leftover_files_are_searched_as_bytes_and_unreadable_ones_fail_the_check(two: Workspace,

@@ -885,6 +885,7 @@ class DeltaStore:
             with merging.connection(self.memory_limit) as con:
                 snap.duckdb(con)  # current rows, over the old files: they stay until every table is written
                 gone = con.sql('SELECT service_id FROM redirects WHERE "into" IS NULL').pl()["service_id"]
+                held = _identifiers_of(snap, gone)  # every identifier a deleted profile held
                 for done, name in enumerate(STORED):
                     if on_table is not None:
                         on_table(name, done, len(STORED))
@@ -893,11 +894,11 @@ class DeltaStore:
                     # old log entries hold column statistics of old files: let cleanup drop them
                     DeltaTable(self._path(name)).alter.set_table_properties(
                         {"delta.logRetentionDuration": "interval 0 days"})
-                    write_deltalake(self._path(name), self._compacted(con, snap, name, batch_no, gone),
+                    write_deltalake(self._path(name), self._compacted(con, snap, name, batch_no, gone, held),
                                     mode="overwrite", writer_properties=writer(name),
                                     schema_mode="overwrite" if name in PARTIAL else None)
                     _failpoint(f"compact:{name}")
-            self._compact_ledger(gone)
+            self._compact_ledger(gone, held)
             _failpoint("compact:_ledger")
             kept = self._finish_compaction(batch_no, list(STORED))
             marker.unlink()
@@ -906,17 +907,24 @@ class DeltaStore:
             self.index_footers(name)
         return {name: kept[name] for name in TABLES}
 
-    def _compact_ledger(self, gone: pl.Series) -> None:
+    def _compact_ledger(self, gone: pl.Series, identifiers: pl.DataFrame) -> None:
         """Rewrite the ledger without the responses nobody may read again: those of batches
-        that concerned a deleted profile (`gone`), whatever their age; those older than the
-        retention window; those of unkeyed batches (older stores stored them). Each keyed
-        batch keeps its key, digest and commit time, so a replay is refused, never applied
-        twice. The old files (and log entries, with their statistics) go with the tables'."""
+        that concerned a deleted profile (`gone`), or that name, as a JSON string, an
+        identifier one held (`identifiers`: an export of an ID that named no one yet echoes
+        it), whatever their age; those older than the retention window; those of unkeyed
+        batches (older stores stored them). Each keyed batch keeps its key, digest and commit
+        time, so a replay is refused, never applied twice. The old files (and log entries,
+        with their statistics) go with the tables'."""
         rows = self._ledger(list(LEDGER_SCHEMA))
         held = pl.col("responses").is_not_null()
         concerned = (rows.lazy().filter(held & pl.col("subjects").is_not_null()).select("batch_no", "subjects")
                      .explode("subjects").filter(pl.col("subjects").is_in(gone.implode()))
                      .select("batch_no").unique().collect()["batch_no"])
+        names = identifiers["value"].str.split("\x1f").list.last().unique().to_list()  # an alias by its name
+        if names:  # as JSON strings: quoted, escaped as the responses hold them
+            quoted = [orjson.dumps(name).decode() for name in names]
+            echoes = rows.filter(held & pl.col("responses").str.contains_any(quoted))["batch_no"]
+            concerned = pl.concat([concerned, echoes]).unique()
         cutoff = datetime.now(UTC) - self.response_retention
         dropped = (pl.when(held & pl.col("batch_key").is_null()).then(None)
                    .when(held & pl.col("batch_no").is_in(concerned.implode())).then(pl.lit("erased"))
@@ -933,7 +941,7 @@ class DeltaStore:
                         writer_properties=LEDGER_WRITER)
 
     def _compacted(self, con: duckdb.DuckDBPyConnection, snap: Snapshot, name: str, batch_no: int,
-                   gone: pl.Series) -> pa.RecordBatchReader | pa.Table:
+                   gone: pl.Series, held: pl.DataFrame) -> pa.RecordBatchReader | pa.Table:
         """The rows a compaction writes for `name`, stamped with the compaction's batch."""
         stamp = {"_batch": pl.lit(batch_no, pl.Int64), "_deleted": pl.lit(False)}
         if name in PARTIAL:
@@ -944,7 +952,7 @@ class DeltaStore:
             if name == "preference_center_submits":  # a deleted user's submits go with the user
                 rows = rows.filter(~pl.col("service_id").is_in(gone.implode()))
             if name == "merges":
-                rows = _redacted_lineage(rows, gone, _identifiers_of(snap, gone))
+                rows = _redacted_lineage(rows, gone, held)
             return rows.with_columns(**stamp).select(list(_stored_schema(name))).to_arrow()
         schema = _arrow_schema(name)
         columns = ", ".join(f'"{c}"' for c in SCHEMAS[name])
