@@ -5,8 +5,10 @@ a served run is) against a real store."""
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -102,7 +104,10 @@ def run_deployment_once(full_name: str, parameters: dict[str, Any] | None = None
 
 @pytest.mark.usefixtures("prefect_harness")
 def test_each_deployment_registers_and_runs_once_against_a_real_store(tmp_path: Path) -> None:
+    from docket import Perpetual
     from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
+    from prefect.server.services.scheduler import schedule_deployments
 
     landing, store, exports = tmp_path / "landing", tmp_path / "store", tmp_path / "exports"
     files = workload(landing, users=20, objects=200, per_file=4)
@@ -119,6 +124,18 @@ def test_each_deployment_registers_and_runs_once_against_a_real_store(tmp_path: 
             stored = client.read_deployment_by_name(name)
             assert (stored.entrypoint, stored.parameters) == (entrypoint, parameters)
             assert [s.schedule.cron for s in stored.schedules] == ([cron] if cron else [])  # type: ignore[union-attr]
+        # the server's scheduler service turns the crons into flow runs (under SQLAlchemy 2.1 its
+        # bulk insert fails and no scheduled run is ever created): one pass of it, in this process,
+        # over the test server's database
+        asyncio.run(schedule_deployments(perpetual=Perpetual(automatic=False)))
+        for name, hour, days in (("track_batch/nightly-track", 2, {1}), ("compact_store/daily-compaction", 4, {1}),
+                                 ("cleanup_push_token_profiles/monthly-cleanup", 3, {28, 29, 30, 31})):
+            deployment = client.read_deployment_by_name(name)
+            runs = client.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment.id])))
+            starts = sorted(run.expected_start_time for run in runs if run.state and run.state.is_scheduled())
+            assert len(starts) >= 3 and {(t.hour, t.minute, t.utcoffset()) for t in starts} == {(hour, 0, timedelta(0))}
+            assert {round((b.timestamp() - a.timestamp()) / 86400) for a, b in zip(starts, starts[1:], strict=False)} <= days
+            assert name != "cleanup_push_token_profiles/monthly-cleanup" or {t.day for t in starts} == {1}
 
     state, applied = run_deployment_once("track_batch/nightly-track")
     assert state.is_completed() and [a.path for a in applied] == [*files, landing / "zz-push.ndjson"]

@@ -389,17 +389,17 @@ def test_cleanup_push_token_profiles_deletes_the_tokenless_temporary_profiles(tm
 
 # --- artifacts ----------------------------------------------------------------------------------
 def artifacts_of(state: Any, key: str) -> list[Any]:
-    """The artifacts with `key` that the flow run of `state` created, read back from the API.
-    (`client.read_artifacts` sends its unset arguments as nulls, which this server refuses
-    with a 422; the request names only the filter.)"""
+    """The artifacts with `key` that the flow run of `state` created, read back from the API."""
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.objects import Artifact
+    from prefect.client.schemas.filters import (
+        ArtifactFilter,
+        ArtifactFilterFlowRunId,
+        ArtifactFilterKey,
+    )
 
-    run_id = str(state.state_details.flow_run_id)
-    body = {"artifacts": {"key": {"any_": [key]}, "flow_run_id": {"any_": [run_id]}}}
+    run = ArtifactFilterFlowRunId(any_=[state.state_details.flow_run_id])
     with get_client(sync_client=True) as client:
-        response = client.request("POST", "/artifacts/filter", json=body)
-    return [Artifact.model_validate(a) for a in response.json()]
+        return client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key]), flow_run_id=run))
 
 
 def test_track_batch_records_a_table_artifact_of_each_file(tmp_path: Path) -> None:
