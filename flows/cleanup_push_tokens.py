@@ -2,7 +2,7 @@
 profiles `push_token_import` creates. Those that no longer hold a push token are deleted (as
 `/users/delete` deletes, with a lineage row each); the rest are left unchanged.
 
-Schedule it monthly, for example `cleanup_push_token_profiles.serve(cron="0 3 1 * *")`. The
+`flows/serve.py` schedules it monthly (`cleanup_push_token_profiles/monthly-cleanup`). The
 check is one batch: re-running it deletes only what became tokenless since, so it is always
 safe to run again.
 """
