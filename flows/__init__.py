@@ -14,4 +14,8 @@ every flow is safe to re-run.
   anonymous profiles of `push_token_import` that hold no push token any more.
 - `flows.export_batch.export_batch(identifiers, out_dir, store)`: export users by external ID.
 - `flows.export_batch.export_all(out_dir, store)`: export every user of the store.
+
+`flows.serve` holds the deployments (`build_deployments()`) and serves them (`main()`, or
+`python flows/serve.py`); every flow run creates a Prefect artifact keyed by its flow's name
+with dashes (`flows._artifacts`).
 """

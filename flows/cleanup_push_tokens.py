@@ -2,24 +2,39 @@
 profiles `push_token_import` creates. Those that no longer hold a push token are deleted (as
 `/users/delete` deletes, with a lineage row each); the rest are left unchanged.
 
-Schedule it monthly, for example `cleanup_push_token_profiles.serve(cron="0 3 1 * *")`. The
+`flows/serve.py` schedules it monthly (`cleanup_push_token_profiles/monthly-cleanup`). The
 check is one batch: re-running it deletes only what became tokenless since, so it is always
 safe to run again.
 """
 
 from __future__ import annotations
 
-from prefect import flow, get_run_logger
+import time
+
+from prefect import flow, get_run_logger, task
 
 from engagelake import Workspace
+from flows._artifacts import record_markdown
+from flows._retry import IO_TASK_OPTIONS
+
+
+@task(name="cleanup-push-profiles", **IO_TASK_OPTIONS)
+def cleanup_push_profiles(store: str) -> int:
+    """The check as one batch; a retry after an I/O error deletes only what is still there."""
+    return Workspace.open(store, create=False).cleanup_push_profiles()  # a cleanup never creates a store
 
 
 @flow(name="cleanup_push_token_profiles")
 def cleanup_push_token_profiles(store: str = "data/store") -> int:
     """Delete the temporary anonymous profiles (from `push_token_import`) that hold no push token
     any more; returns how many were deleted."""
-    deleted = Workspace.open(store, create=False).cleanup_push_profiles()  # a cleanup never creates a store
+    started = time.perf_counter()
+    deleted = cleanup_push_profiles(store)
+    seconds = time.perf_counter() - started
     get_run_logger().info("deleted %d temporary anonymous profiles without a push token", deleted)
+    record_markdown("cleanup_push_token_profiles",
+                    f"Deleted **{deleted:,}** temporary anonymous profiles (`push_token_import`) without a "
+                    f"push token from `{store}` in {seconds:.2f} s.")
     return deleted
 
 

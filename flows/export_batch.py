@@ -9,6 +9,7 @@ text). Exports only read the store, so re-running them is always safe.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +22,7 @@ from engagelake import Workspace
 from engagelake.files import read_identifiers, write_user_chunks, write_users_files
 from engagelake.rules.messages import EXPORT_FIELDS
 from engagelake.workspace import EXPORT_CHUNK_USERS
+from flows._artifacts import record_markdown
 from flows._retry import IO_TASK_OPTIONS
 
 EXPORT_PATH = "/users/export/ids"
@@ -93,6 +95,7 @@ def export_batch(
     """Export the users with the given external IDs (a list, or a file: a JSON array or one ID
     a line) into `out_dir`, in the order of the IDs; `fields` defaults to every export field."""
     logger = get_run_logger()
+    started = time.perf_counter()
     workspace = Workspace.open(store, create=False)  # an export never creates a store
     external_ids = load_identifiers(identifiers_file_or_list)
     fields_to_export = list(fields) if fields is not None else list(EXPORT_FIELDS)
@@ -111,6 +114,8 @@ def export_batch(
         out_dir,
         len(invalid),
     )
+    record_markdown("export_batch", export_summary(store, len(external_ids), len(users), invalid,
+                                                   ndjson_path, parquet_path, time.perf_counter() - started))
     return ExportResult(len(users), ndjson_path, parquet_path, invalid)
 
 
@@ -124,8 +129,23 @@ def export_all(
     """Export every user of the store into `out_dir`, ordered by `service_id`; `fields`
     defaults to every field."""
     logger = get_run_logger()
+    started = time.perf_counter()
     workspace = Workspace.open(store, create=False)  # an export never creates a store
     fields_to_export = list(fields) if fields is not None else list(EXPORT_FIELDS)
     ndjson_path, parquet_path, count = export_every_user(workspace, fields_to_export, out_dir, users_per_chunk)
     logger.info("exported all %d users to %s", count, out_dir)
+    record_markdown("export_all", export_summary(store, None, count, [], ndjson_path, parquet_path,
+                                                 time.perf_counter() - started))
     return ExportResult(count, ndjson_path, parquet_path)
+
+
+def export_summary(store: str, asked: int | None, users: int, invalid: list[str],
+                   ndjson_path: Path, parquet_path: Path, seconds: float) -> str:
+    """The markdown of an export run: how many users went where, and the IDs that matched none."""
+    lines = [f"Exported **{users:,}** users from `{store}`"
+             + (f" for {asked:,} external IDs" if asked is not None else "") + f" in {seconds:.2f} s:",
+             "", f"- `{ndjson_path}`", f"- `{parquet_path}`"]
+    if invalid:
+        shown = ", ".join(f"`{i}`" for i in invalid[:20]) + (", ..." if len(invalid) > 20 else "")
+        lines += ["", f"{len(invalid):,} external IDs matched no user: {shown}"]
+    return "\n".join(lines)

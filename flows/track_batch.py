@@ -28,6 +28,7 @@ from engagelake.files import (
     skipped_file,
     write_responses_file,
 )
+from flows._artifacts import record_batches, record_table_rows
 from flows._retry import IO_TASK_OPTIONS
 
 
@@ -66,12 +67,29 @@ def apply_request_files(
     on_file_applied: Callable[[AppliedFile], None] | None = None,
     *,
     only: tuple[str, ...] = (),
+    flow_name: str | None = None,
 ) -> list[AppliedFile]:
     """The body of the batch flows: every file of `folder` as one batch, in name order. With
-    `only`, a file holding a request to another path is refused before anything applies."""
+    `only`, a file holding a request to another path is refused before anything applies. With
+    `flow_name`, the run's table artifact (key: the flow name with dashes) lists each file's
+    figures, also when a file stops the run."""
+    applied: list[AppliedFile] = []
+    failure: BaseException | None = None
+    try:
+        _apply_files(folder, store, on_file_applied, only, applied)
+    except BaseException as error:  # recorded in the artifact, then raised unchanged
+        failure = error
+        raise
+    finally:
+        if flow_name is not None:
+            record_batches(flow_name, folder, store, applied, failed=failure)
+    return applied
+
+
+def _apply_files(folder: str, store: str, on_file_applied: Callable[[AppliedFile], None] | None,
+                 only: tuple[str, ...], applied: list[AppliedFile]) -> None:
     logger = get_run_logger()
     workspace = Workspace.open(store)
-    applied: list[AppliedFile] = []
     for path in find_request_files(folder):
         batch = read_requests(path)
         if only:
@@ -88,9 +106,10 @@ def apply_request_files(
             continue
         result = write_responses(quote(batch), quote(responses), seconds)
         logger.info(
-            "%s: %d requests in %.2f s, statuses %s, %d non-fatal errors",
+            "%s: %d requests, %d objects processed in %.2f s, statuses %s, %d non-fatal errors",
             path.name,
             result.requests,
+            result.objects,
             seconds,
             result.statuses,
             result.errors,
@@ -99,7 +118,6 @@ def apply_request_files(
         if on_file_applied is not None:
             on_file_applied(result)
     settle_runs(workspace)
-    return applied
 
 
 def settle_runs(workspace: Workspace) -> None:
@@ -131,7 +149,7 @@ def track_batch(
     `on_file_applied` is called in-process after each file (the CLI uses it for progress bars);
     it is not stored with the flow run.
     """
-    return apply_request_files(folder, store, on_file_applied)
+    return apply_request_files(folder, store, on_file_applied, flow_name="track_batch")
 
 
 @flow(name="merge_batch")
@@ -141,7 +159,7 @@ def merge_batch(
     on_file_applied: Callable[[AppliedFile], None] | None = None,
 ) -> list[AppliedFile]:
     """Apply files of `/users/merge` requests, one batch per file (safe to re-run)."""
-    return apply_request_files(folder, store, on_file_applied, only=("/users/merge",))
+    return apply_request_files(folder, store, on_file_applied, only=("/users/merge",), flow_name="merge_batch")
 
 
 @flow(name="identify_batch")
@@ -151,7 +169,14 @@ def identify_batch(
     on_file_applied: Callable[[AppliedFile], None] | None = None,
 ) -> list[AppliedFile]:
     """Apply files of `/users/identify` requests, one batch per file (safe to re-run)."""
-    return apply_request_files(folder, store, on_file_applied, only=("/users/identify",))
+    return apply_request_files(folder, store, on_file_applied, only=("/users/identify",),
+                               flow_name="identify_batch")
+
+
+@task(name="compact", **IO_TASK_OPTIONS)
+def compact(store: str, response_retention_days: float) -> dict[str, int]:
+    """Compact the store; a crash midway rolls forward, so a retry after an I/O error is safe."""
+    return Workspace.open(store, create=False, response_retention=timedelta(days=response_retention_days)).compact()
 
 
 @flow(name="compact_store")
@@ -159,7 +184,12 @@ def compact_store(store: str = "data/store", response_retention_days: float = 7.
     """Rewrite every table to its current rows and delete unreferenced files (deleted users'
     data leaves the disk); stored responses of keyed batches go after `response_retention_days`,
     and at once when they concerned a deleted user. Returns the rows kept per table."""
-    return Workspace.open(store, create=False, response_retention=timedelta(days=response_retention_days)).compact()
+    started = time.perf_counter()
+    rows = compact(store, response_retention_days)
+    seconds = time.perf_counter() - started
+    get_run_logger().info("compacted %s rows in %d tables in %.2f s", f"{sum(rows.values()):,}", len(rows), seconds)
+    record_table_rows("compact_store", store, rows, f"kept after {seconds:.2f} s")
+    return rows
 
 
 @flow(name="publish_current")
@@ -169,6 +199,7 @@ def publish_current(store: str = "data/store", out: str | None = None) -> dict[s
     Returns the rows per table."""
     rows = Workspace.open(store, create=False).publish(out)
     get_run_logger().info("published %s rows in %d tables", f"{sum(rows.values()):,}", len(rows))
+    record_table_rows("publish_current", store, rows, f"published to `{out or store + '/current'}`")
     return rows
 
 

@@ -406,3 +406,80 @@ def test_a_rerun_after_the_stored_responses_expired_is_a_logged_skip(tmp_path: P
     for name, frame in before.items():
         assert_frame_equal(after[name], frame)
     assert sum("skipped, applied at" in record.getMessage() for record in caplog.records) == len(first)
+
+
+# --- artifacts ----------------------------------------------------------------------------------
+def artifacts_of(state: Any, key: str) -> list[Any]:
+    """The artifacts with `key` that the flow run of `state` created, read back from the API."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import (
+        ArtifactFilter,
+        ArtifactFilterFlowRunId,
+        ArtifactFilterKey,
+    )
+
+    run = ArtifactFilterFlowRunId(any_=[state.state_details.flow_run_id])
+    with get_client(sync_client=True) as client:
+        return client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key]), flow_run_id=run))
+
+
+def test_track_batch_records_a_table_artifact_of_each_file(tmp_path: Path) -> None:
+    event = {"external_id": "a", "name": "visit", "time": "2026-11-20T10:00:00Z"}
+    nameless = {"external_id": "a", "time": "2026-11-20T10:00:00Z"}  # a non-fatal error
+    purchase = {"external_id": "b", "product_id": "p", "currency": "USD", "price": 1.5,
+                "time": "2026-11-20T10:00:00Z"}
+    write_ndjson(tmp_path / "in" / "a.ndjson", [
+        {"method": "POST", "path": TRACK, "body": {
+            "attributes": [{"external_id": "a", "plan": "pro"}, {"external_id": "b"}],
+            "events": [event, nameless]}},
+        {"method": "GET", "path": "/no/such/endpoint"},
+    ])
+    write_ndjson(tmp_path / "in" / "b.ndjson", [
+        {"method": "POST", "path": TRACK, "body": {"purchases": [purchase]}}])
+
+    state = track_batch(str(tmp_path / "in"), str(tmp_path / "store"), return_state=True)
+
+    [artifact] = artifacts_of(state, "track-batch")
+    assert artifact.type == "table"
+    rows = orjson.loads(artifact.data)
+    assert [r["file"] for r in rows] == ["a.ndjson", "b.ndjson", "total"]
+    seconds = [r.pop("seconds") for r in rows]
+    assert rows == [
+        {"file": "a.ndjson", "requests": 2, "objects": 3, "status 201": 1, "status 404": 1, "non-fatal errors": 1},
+        {"file": "b.ndjson", "requests": 1, "objects": 1, "status 201": 1, "status 404": 0, "non-fatal errors": 0},
+        {"file": "total", "requests": 3, "objects": 4, "status 201": 2, "status 404": 1, "non-fatal errors": 1},
+    ]
+    assert seconds[0] > 0 and seconds[1] > 0 and seconds[2] == pytest.approx(seconds[0] + seconds[1], abs=0.002)
+    assert artifact.description.startswith(f"`track_batch`: 2 file(s) of `{tmp_path / 'in'}` applied to ")
+    assert "3 requests, 4 objects processed, 1 non-fatal errors in" in artifact.description
+    assert [a.objects for a in state.result()] == [3, 1]
+
+
+def test_a_refused_file_still_leaves_the_artifact_of_the_files_before(tmp_path: Path, four_users: Path) -> None:
+    write_ndjson(tmp_path / "merges" / "001.ndjson", [merge_request([("u0", "u1")])])
+    write_ndjson(tmp_path / "merges" / "002.ndjson", [{"method": "POST", "path": "/users/delete", "body": {}}])
+
+    state = merge_batch(str(tmp_path / "merges"), str(four_users), return_state=True)
+
+    assert state.is_failed()
+    [artifact] = artifacts_of(state, "merge-batch")
+    assert [(r["file"], r["requests"], r["status 202"]) for r in orjson.loads(artifact.data)] == [
+        ("001.ndjson", 1, 1), ("total", 1, 1)]
+    assert "stopped by ConfigError: 002.ndjson: request 0 goes to /users/delete" in artifact.description
+
+
+def test_compaction_cleanup_and_exports_record_their_figures(tmp_path: Path, four_users: Path) -> None:
+    compacted = compact_store(str(four_users), return_state=True)
+    [table] = artifacts_of(compacted, "compact-store")
+    assert {r["table"]: r["rows"] for r in orjson.loads(table.data)} == compacted.result()
+    cleaned = cleanup_push_token_profiles(str(four_users), return_state=True)
+    [note] = artifacts_of(cleaned, "cleanup-push-token-profiles")
+    assert note.type == "markdown" and note.data.startswith("Deleted **0** temporary anonymous profiles")
+    exported = export_batch(["u1", "nobody"], str(tmp_path / "out"), str(four_users), return_state=True)
+    [note] = artifacts_of(exported, "export-batch")
+    assert note.data.startswith(f"Exported **1** users from `{four_users}` for 2 external IDs in ")
+    assert note.data.endswith("1 external IDs matched no user: `nobody`")
+    everyone = export_all(str(tmp_path / "all"), str(four_users), return_state=True)
+    [note] = artifacts_of(everyone, "export-all")
+    assert note.data.startswith(f"Exported **4** users from `{four_users}` in ")
+    assert f"- `{tmp_path / 'all' / 'users.parquet'}`" in note.data

@@ -82,6 +82,7 @@ class AppliedFile:
     statuses: dict[int, int]
     errors: int  # non-fatal errors of the accepted requests (fatal ones are in `statuses`)
     seconds: float = 0.0
+    objects: int = 0  # objects the accepted requests processed (their responses' `*_processed`)
     # why nothing was applied: the file's batch was applied before and its stored responses
     # are gone (retention or erasure); its responses file, if any, is left as it was
     skipped: str | None = None
@@ -156,7 +157,14 @@ def write_responses_file(
         statuses=dict(sorted(Counter(r.status for r in responses).items())),
         errors=sum(len((r.body or {}).get("errors") or ()) for r in responses if r.status < 400),
         seconds=seconds,
+        objects=sum(processed_objects(r.body) for r in responses if r.status < 400),
     )
+
+
+def processed_objects(body: dict[str, Any] | None) -> int:
+    """The objects a response says were processed: the sum of its `*_processed` counts
+    (`attributes_processed`, `events_processed`, `purchases_processed`, `aliases_processed`)."""
+    return sum(v for k, v in (body or {}).items() if k.endswith("_processed") and isinstance(v, int))
 
 
 def read_responses_file(path: str | Path) -> list[dict[str, Any]]:
