@@ -24,7 +24,8 @@ from engagelake.cli import app
 pytest_plugins = ["tests.prefect_harness"]
 
 runner = CliRunner()
-COMMANDS = ("demo", "apply", "export", "sql", "lineage", "compact", "cleanup-push-profiles", "publish", "check", "repair")
+COMMANDS = ("demo", "apply", "export", "sql", "lineage", "compact", "cleanup-push-profiles", "publish", "check", "repair",
+            "forget-check")
 HEAVY_MODULES = (
     "polars",
     "duckdb",

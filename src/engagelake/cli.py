@@ -549,22 +549,15 @@ def forget_check(
                      "from before the delete."),
     ] = None,
 ) -> None:
-    """Verify a hard delete: search every file under a local store folder for any copy of a
-    user's data. Table data, files of older versions still on disk, Delta log entries and
-    checkpoints, Parquet statistics (footer and page index), footer caches, the published
-    current/ folder and any other file are searched, Parquet decoded. Prints each place a value
-    occurs and each table's old versions still on disk; exits 1 when a value occurs anywhere
-    (or a file could not be searched whole), 0 otherwise.
+    """Verify a hard delete: search every file of a local store for any copy of a user's data.
 
-    Searched for: the identifier given, every --value, and while the identifier still names a
-    profile, each string of its full export of 3 characters or more (shorter ones, such as
-    country codes, are in other users' rows too), except its service_id (kept on purpose after
-    a delete, in redirects and lineage: pass it with --value to see where), alias labels, app
-    ids, platforms and times the engine wrote. Run it before the delete to see the values, then
-    after delete and compact with them as --value: a value other users share is found in their
-    rows too.
+    Table data, files of older versions still on disk, Delta log entries and checkpoints, Parquet statistics (footer and page index), footer caches, the published current/ folder and any other file are searched, Parquet decoded. Prints each place a value occurs and each table's old versions still on disk; exits 1 when a value occurs anywhere (or a file could not be searched whole), 0 otherwise.
 
-    Example: engagelake forget-check --store data/store --external-id user-42 --value user42@example.com
+    Searched for: the identifier given, every --value, and while the identifier still names a profile, each string of its full export of 3 characters or more (shorter ones, such as country codes, are in other users' rows too), except its service_id (kept on purpose after a delete, in redirects and lineage: pass it with --value to see where), alias labels, app ids, platforms and times the engine wrote. Run it before the delete to see the values, then after delete and compact with them as --value: a value other users share is found in their rows too.
+
+    Examples:
+      engagelake forget-check --store data/store --external-id user-42
+      engagelake forget-check --external-id user-42 --value user42@example.com
     """
     names = _parse_alias(alias) if alias is not None else None
     if external_id is None and email is None and phone is None and names is None and not value:
