@@ -90,8 +90,10 @@ def test_no_value_of_deleted_profiles_survives_compaction(steps: list[tuple[Any,
                                                          "sid": [u.get("service_id") for u in answer.body["users"]]})))
         # identifiers some profile held (the others, such as a merge of an unknown external ID,
         # belonged to no one): current identity rows, and lineage rows that resolved a profile
-        held = tokens(ws.table("external_ids").collect()) | tokens(ws.table("aliases").collect()) | tokens(
-            ws.table("merges").collect().filter(pl.col("source_sid").is_not_null() | pl.col("target_sid").is_not_null()))
+        lineage = ws.table("merges").collect()
+        held = tokens(ws.table("external_ids").collect()) | tokens(ws.table("aliases").collect())
+        for side in ("source", "target"):  # a side names a profile's identifier when it resolved one
+            held |= tokens(lineage.filter(pl.col(f"{side}_sid").is_not_null()).select(side))
         ws.call("POST", "/users/delete", {"external_ids": [EXTS[i] for i in sorted(doomed)]})
 
         redirects = ws.table("redirects").collect()
