@@ -3,14 +3,22 @@
 from __future__ import annotations
 
 import pytest
+from tests import helpers
 from tests.helpers import open_ws, track_ok
 
 from engagelake import Workspace
 
 
+@pytest.fixture(scope="session", autouse=True)
+def store_templates(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The template stores that `open_ws` copies, under this session's temporary folder (one
+    per xdist worker): each is created once, on first use."""
+    helpers.TEMPLATES = tmp_path_factory.mktemp("templates")
+
+
 @pytest.fixture
 def ws(tmp_path) -> Workspace:
-    """A fresh store with the fixed clock and seed."""
+    """A fresh store with the fixed clock and seed (a copy of the template store)."""
     return open_ws(tmp_path)
 
 
