@@ -2,11 +2,34 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from tests import helpers
 from tests.helpers import open_ws, track_ok
 
 from engagelake import Workspace
+
+# the files whose tests use the Prefect test server (tests/prefect_harness.py)
+PREFECT_FILES = {"tests/test_cli.py", "tests/test_flows.py"}
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`--dist loadfile` (each file's tests on one worker: a module fixture is built once), with
+    the files that use the Prefect test server as one unit, so that the server starts once.
+    (`--dist loadgroup` with xdist_group marks would say it, but xdist 3.8 loses the groups under
+    pytest 9.2: pytest-dev/pytest-xdist#1386.)"""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class PrefectFilesTogether(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            scope = super()._split_scope(nodeid)
+            return "prefect" if scope in PREFECT_FILES else scope
+
+    return PrefectFilesTogether(config, log)
 
 
 @pytest.fixture(scope="session", autouse=True)
