@@ -80,8 +80,9 @@ def main() -> None:
 
     crash = None
     if not args.no_crash_tests:
-        crash = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:randomly",
-                                  "tests/test_store_crash.py"], cwd=ROOT, stdout=subprocess.PIPE,
+        # the crash tests are marked slow (out of pytest's default run); one process, no coverage
+        crash = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:randomly", "-m", "slow", "-n", "0",
+                                  "--no-cov", "tests/test_store_crash.py"], cwd=ROOT, stdout=subprocess.PIPE,
                                  stderr=subprocess.STDOUT, text=True)
     with tempfile.TemporaryDirectory() as folder:
         ws = Workspace.create(Path(folder) / "store")

@@ -2,15 +2,46 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
+from tests import helpers
 from tests.helpers import open_ws, track_ok
 
 from engagelake import Workspace
 
+# the files whose tests use the Prefect test server (tests/prefect_harness.py)
+PREFECT_FILES = {"tests/test_cli.py", "tests/test_deployments.py", "tests/test_flows.py"}
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`--dist loadfile` (each file's tests on one worker: a module fixture is built once), with
+    the files that use the Prefect test server as one unit, so that the server starts once.
+    (`--dist loadgroup` with xdist_group marks would say it, but xdist 3.8 loses the groups under
+    pytest 9.2: pytest-dev/pytest-xdist#1386.)"""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class PrefectFilesTogether(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            scope = super()._split_scope(nodeid)
+            return "prefect" if scope in PREFECT_FILES else scope
+
+    return PrefectFilesTogether(config, log)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def store_templates(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The template stores that `open_ws` copies, under this session's temporary folder (one
+    per xdist worker): each is created once, on first use."""
+    helpers.TEMPLATES = tmp_path_factory.mktemp("templates")
+
 
 @pytest.fixture
 def ws(tmp_path) -> Workspace:
-    """A fresh store with the fixed clock and seed."""
+    """A fresh store with the fixed clock and seed (a copy of the template store)."""
     return open_ws(tmp_path)
 
 

@@ -346,6 +346,7 @@ def test_openapi_lists_every_endpoint_with_its_permission(keyed: tuple[httpx.Cli
 CLIENTS, PER_CLIENT = 8, 200
 
 
+@pytest.mark.slow  # 1,600 requests from 8 clients: a concurrency load test
 def test_concurrent_clients_lose_nothing_and_commit_in_groups(tmp_path: Path) -> None:
     """8 clients x 200 track requests: every acknowledged object is stored, each client's own
     order holds (its last write wins), and the writer grouped requests into fewer batches."""

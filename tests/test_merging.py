@@ -87,6 +87,7 @@ def _pair(root: Path) -> tuple[Workspace, Workspace]:
     return merged, plain
 
 
+@pytest.mark.slow  # a property: each example writes two stores batch by batch
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(first=population(), batches=st.lists(st.lists(requests, min_size=1, max_size=3), min_size=3, max_size=6))
 def test_a_store_that_merges_answers_like_one_that_never_does(tmp_path_factory, first, batches) -> None:

@@ -644,6 +644,7 @@ def test_export_full_shape(model: Model) -> None:
 
 
 # --- the model never crashes on what the property tests generate -----------------------------
+@pytest.mark.slow  # a property: 150 generated request sequences through the model
 @settings(
     max_examples=150,
     deadline=None,

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-from tests.helpers import EXPORT, NOW, SEED, TRACK, iso
+from tests.helpers import EXPORT, NOW, TRACK, built_store, iso
 
 from engagelake import Workspace
 from engagelake.tables.schema import KEYS, SCHEMAS
@@ -23,8 +23,12 @@ USERS = 300
 
 
 def _build(tmp_path: Path) -> Path:
-    """A store of USERS users, each with an email, two attributes, a token, events, purchases."""
-    ws = Workspace.open(tmp_path / "s", clock=lambda: NOW, seed=SEED)
+    """A store of USERS users, each with an email, two attributes, a token, events, purchases
+    (a copy of one built once)."""
+    return built_store(tmp_path, _populate, "s")
+
+
+def _populate(ws: Workspace) -> None:
     attributes = [{"external_id": f"u{i}", "email": f"u{i}@x.io", "plan": "gold", "visits": i,
                    "push_tokens": [{"app_id": "app", "token": f"t{i}"}]} for i in range(USERS)]
     events = [{"external_id": f"u{i}", "name": "open", "time": iso(NOW)} for i in range(USERS)]
@@ -35,7 +39,6 @@ def _build(tmp_path: Path) -> Path:
             "attributes": attributes[start:start + 75],
             "events": events[start:start + 75], "purchases": purchases[start:start + 75]}}])
         assert r[0].status == 201 and "errors" not in r[0].body
-    return tmp_path / "s"
 
 
 def _rows(reads: list[tuple[str, str, int]], table: str) -> int:

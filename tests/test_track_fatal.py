@@ -12,6 +12,7 @@ from tests.helpers import (
     SEED,
     TRACK,
     alias,
+    copy_of,
     event,
     exists,
     export,
@@ -45,7 +46,11 @@ def fatal(message: str) -> Response:
 
 
 def seeded(tmp_path):
-    ws = open_ws(tmp_path)
+    """A store holding the user "seed" with every kind of row (a copy of one built once)."""
+    return copy_of(tmp_path, _seed)
+
+
+def _seed(ws: Workspace) -> None:
     track_ok(
         ws,
         attributes=[
@@ -64,7 +69,6 @@ def seeded(tmp_path):
         events=[event("played", external_id="seed")],
         purchases=[purchase("sku", 3.0, external_id="seed")],
     )
-    return ws
 
 
 def snapshot(ws) -> tuple[Any, dict[str, int]]:
