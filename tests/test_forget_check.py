@@ -369,4 +369,5 @@ def test_cli_help_has_an_example() -> None:
     result = runner.invoke(app, ["forget-check", "--help"], env={"COLUMNS": "250"})
 
     assert result.exit_code == 0
-    assert "Example: engagelake forget-check --store" in result.output and "--alias" in result.output
+    assert "engagelake forget-check --store" in result.output and "--alias" in result.output
+    assert "Examples:" in result.output
