@@ -102,3 +102,18 @@ def test_waiting_for_the_writer_lock_ends_with_a_clear_error(tmp_path: Path) -> 
                 pass
     with ws.store.exclusive(0.3):  # free again
         assert ws.call("POST", TRACK, {"attributes": [{"external_id": "b", "n": 1}]}).status == 201
+
+
+def test_a_run_merge_with_nothing_to_merge_hides_no_other_writers_batch(tmp_path: Path) -> None:
+    """A run merge reads the ledger's head under the lock; finding nothing to merge, it must
+    not leave that head's ledger version noted while the workspace still holds the older head
+    (refresh then saw nothing new, and a batch computed on the older head committed over the
+    other writer's: the lost update of the parallel-writers test)."""
+    ws, other = open_ws(tmp_path), open_ws(tmp_path)
+    assert ws.call("POST", TRACK, {"attributes": [{"external_id": "shared", "count": 0}]}).status == 201
+    other.store.refresh()
+    assert other.call("POST", TRACK, {"attributes": [{"external_id": "shared", "count": {"inc": 1}}]}).status == 201
+    assert ws.store.merge_runs() == []  # nothing to merge: two small runs
+    assert ws.store.refresh(), "the other writer's batch went unseen"
+    assert ws.call("POST", TRACK, {"attributes": [{"external_id": "shared", "count": {"inc": 1}}]}).status == 201
+    assert export_one(open_ws(tmp_path), "shared", ["custom_attributes"]) == {"custom_attributes": {"count": 2}}

@@ -650,6 +650,7 @@ class Workspace:
     def _run_batch(self, body: Callable[[_Batch], None], idempotency_key: str | None, *,
                    digest: Callable[[], str] | None = None) -> list[Response]:
         state = self.state
+        read_at = self.store.head.content_batch  # what the batch reads: the commit checks it still holds
         if idempotency_key is not None:  # its responses are stored: note whom they concern
             state = dataclasses.replace(state, subjects=[])
         batch = _Batch(state, clock=self.clock(), seed=self.store.head.seed,
@@ -668,7 +669,7 @@ class Workspace:
                     next_profile_n=batch.state.next_profile_n, next_update_seq=batch.state.next_update_seq,
                     index_entries_stored=index_entries_stored, staged=staged,
                     digest=digest() if digest is not None and idempotency_key is not None else None,
-                    subjects=batch.state.subject_ids(),
+                    subjects=batch.state.subject_ids(), read_at=read_at,
                 )
         finally:
             batch.close()

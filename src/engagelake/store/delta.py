@@ -432,13 +432,18 @@ class DeltaStore:
         assert isinstance(frame, pl.DataFrame)
         return frame.with_columns(pl.lit(None, LEDGER_SCHEMA[c]).alias(c) for c in columns if c not in present)
 
-    def _read_head(self, table: DeltaTable | None = None) -> Head:
+    def _read_head(self, table: DeltaTable | None = None, *, note: bool = True) -> Head:
         """The ledger's newest row, and its newest row that changed content. Reads the ledger's
         newest files only (one per batch, found by their `batch_no` statistics): a store of
-        many batches opens as fast as a new one. Notes the ledger version read (`refresh`);
-        `table`: the ledger, already loaded."""
+        many batches opens as fast as a new one. `table`: the ledger, already loaded.
+
+        `note`: remember the ledger version read, for `refresh`. Only a caller that makes the
+        head it reads `self.head` may note it: a noted version whose head is not `self.head`
+        makes `refresh` miss other writers' batches (a run merge that read the head and found
+        nothing to merge let the next batch commit over a batch it never read: a lost update)."""
         table = table or DeltaTable(self._path(LEDGER))
-        self._ledger_table, self._ledger_version = table, table.version()
+        if note:
+            self._ledger_table, self._ledger_version = table, table.version()
         columns = ["batch_no", "versions", "next_profile_n", "next_update_seq", "seed", "kind"]
         rows = self._head_rows(table, columns)
         if rows.height == 0:
@@ -666,7 +671,7 @@ class DeltaStore:
     def commit(self, changes: Changes, *, key: str | None, responses: list[Any], next_profile_n: int,
                next_update_seq: int, index_entries_stored: dict[str, pl.DataFrame] | None = None,
                staged: Stages | None = None, digest: str | None = None,
-               subjects: pl.Series | None = None) -> None:
+               subjects: pl.Series | None = None, read_at: int | None = None) -> None:
         """Write one batch: every table's rows, then the ledger row that makes them visible.
         Raises StaleStoreError when another writer committed a batch since this one read the
         store (merges and compactions since then change no content: the batch still holds).
@@ -676,9 +681,11 @@ class DeltaStore:
         changes besides `changes`: its sorted tables stream from the stage files into their
         runs, the others come through `changes` (`Stages.changes`). `digest`: of the batch's
         requests, stored beside its key; `subjects`: the users the batch read or wrote, stored
-        with a keyed batch's responses."""
+        with a keyed batch's responses; `read_at`: the content batch of the head the batch read
+        (default: the current head's), so that nothing that moves the head meanwhile can hide a
+        batch it never read."""
         self.wait_for_merges()
-        base = self.head.content_batch
+        base = self.head.content_batch if read_at is None else read_at
         with self._writer_lock():
             self.refresh()  # the ledger is read again only if an entry came since we looked
             if self.head.content_batch != base:
@@ -732,7 +739,7 @@ class DeltaStore:
         with self._writer_lock():
             if self._compacting():  # a dead compaction: the next batch or reader rolls it forward
                 return []
-            head = self._read_head()
+            head = self._read_head(note=False)
             # the tables it merges must hold no dead writer's rows; the others keep the ledger's
             # versions here, and the next writer rolls them back
             self._recover(head, list(SORT_BY) if tables is None else tables)
@@ -760,7 +767,7 @@ class DeltaStore:
         if not self.local or name not in SORT_BY:
             return 0
         if files is None:
-            files = self.files(name, self._read_head().versions.get(name))
+            files = self.files(name, self._read_head(note=False).versions.get(name))
         try:
             return self.footers.index(files, SORT_BY[name])
         except OSError:  # a file a compaction removed meanwhile, or a read-only store
@@ -820,7 +827,7 @@ class DeltaStore:
         """Whether the ledger now holds batch `batch_no` (the writer lock is held: no other
         writer can have written it). Unknown counts as no: the caller then raises."""
         try:
-            return self._read_head().batch_no >= batch_no
+            return self._read_head(note=False).batch_no >= batch_no
         except Exception:  # noqa: BLE001 - an unreadable ledger: the write's own error is the one to raise
             return False
 
