@@ -111,7 +111,7 @@ def lineage_tree(rows: pl.DataFrame) -> tuple[list[ProfileHistory], list[Lineage
     steps: dict[str, list[tuple[LineageStep, str | None]]] = {}  # owner -> (step, merged profile)
     loose: list[LineageStep] = []
     merged_away: set[str] = set()
-    for r in shown.iter_rows(named=True):
+    for r in shown.iter_rows(named=True):  # not hot: one user's lineage rows, drawn for a person (CLI)
         step = LineageStep(r["at"], r["kind"], r["outcome"], r["from"], r["to"], r["reason"])
         source, target = r["source_sid"], r["target_sid"]
         folds = r["outcome"] == "applied" and source is not None and target is not None and source != target
