@@ -43,7 +43,7 @@ import pyarrow as pa
 from deltalake import ColumnProperties, DeltaTable, WriterProperties, write_deltalake
 
 from engagelake.errors import NotAStore, StaleStoreError, StoreDamaged, StoreError, StoreReadOnly
-from engagelake.store import merging
+from engagelake.store import appends, merging
 from engagelake.store.footers import prune_indexes
 from engagelake.store.runs import (
     FILE_STATS_MAX_VALUES,
@@ -104,6 +104,8 @@ LEDGER_PROPERTIES = {"delta.dataSkippingStatsColumns": ",".join(LEDGER_STATS_COL
 LEDGER_WRITER = WriterProperties(  # statistics off by default: a nested column takes no other setting
     compression="SNAPPY", default_column_properties=ColumnProperties(statistics_enabled="NONE"),
     column_properties={column: ColumnProperties(statistics_enabled="CHUNK") for column in LEDGER_STATS_COLUMNS})
+LEDGER_FILES = appends.FileOptions(statistics=LEDGER_STATS_COLUMNS)
+LEDGER_ARROW = pl.DataFrame(schema=LEDGER_SCHEMA).to_arrow().schema
 RESPONSE_RETENTION = timedelta(days=7)  # a keyed batch's responses are kept this long (default)
 # ledger rows that move rows between files and change no content: a batch that read the store
 # before one of them still holds (it is not stale)
@@ -134,6 +136,11 @@ def writer(name: str) -> WriterProperties:
         return WRITER
     return WriterProperties(max_row_group_size=ROW_GROUP_ROWS, compression="SNAPPY",
                             column_properties={c: ColumnProperties(dictionary_enabled=False) for c in columns})
+
+
+def file_options(name: str) -> appends.FileOptions:
+    """`writer(name)` for the files `store/appends.py` writes."""
+    return appends.FileOptions(row_group_rows=ROW_GROUP_ROWS, plain=PLAIN_COLUMNS.get(name, ()))
 
 
 def _has_log(table: Path) -> bool:
@@ -310,6 +317,7 @@ class DeltaStore:
         self._tables: dict[tuple[str, int], DeltaTable] = {}  # their loaded logs
         self._actions: dict[tuple[str, int], pa.Table] = {}  # their add actions, with file statistics
         self._written: dict[str, DeltaTable] = {}  # each table at its newest version, for writes (`_latest`)
+        self._heads: dict[str, tuple[int, frozenset[str]]] = {}  # each table's newest version and columns (`_newest`)
         # per table version and column: each data file's (min, max) from the Delta log's statistics
         self._ranges: dict[tuple[str, int, str], dict[str, tuple[str | None, str | None]]] = {}
         self.column_scans: list[tuple[str, str]] = []  # probes that read a whole column (tests)
@@ -417,13 +425,60 @@ class DeltaStore:
             write_deltalake(self._path(LEDGER), row.to_arrow(), mode="append", schema_mode="merge",
                             writer_properties=LEDGER_WRITER, configuration=LEDGER_PROPERTIES)
             return None
-        table = self._latest(LEDGER)
         if not self._ledger_properties_set:  # a ledger made before them gets them (once per process)
+            table = self._latest(LEDGER)
             if table.metadata().configuration.get(next(iter(LEDGER_PROPERTIES))) != next(iter(LEDGER_PROPERTIES.values())):
                 table.alter.set_table_properties(LEDGER_PROPERTIES)
             self._ledger_properties_set = True
-        write_deltalake(table, row.to_arrow(), mode="append", schema_mode="merge", writer_properties=LEDGER_WRITER)
+        return self._append(LEDGER, row.to_arrow(), LEDGER_ARROW, LEDGER_FILES, LEDGER_WRITER)
+
+    def _append(self, name: str, data: pa.Table | pa.RecordBatchReader, schema: pa.Schema,
+                options: appends.FileOptions, properties: WriterProperties) -> int:
+        """Append `data` to table `name` under the writer lock; returns the new version and
+        notes its files and statistics for the next batch's reads. A local table that has the
+        columns of `schema` takes a file and a log entry of our own (`store/appends.py`); a table
+        gaining columns (written before them) and object storage go through delta-rs."""
+        if self.local:
+            version, columns = self._newest(name)
+            if set(schema.names) <= columns:
+                added = appends.write_file(self._path(name), data, schema, options)
+                mine = appends.commit(self._path(name), version + 1, [added[0]] if added else [],
+                                      added[1] if added else 0)
+                self._heads[name] = (mine, columns)
+                with self._cache_lock:  # the next batch's reads take files and statistics without loading the log
+                    self._note_append(name, mine, None if added is None else added[0])
+                return mine
+        table = self._latest(name)  # the write moves it to its new version
+        write_deltalake(table, data, mode="append", writer_properties=properties,
+                        schema_mode="merge" if name in PARTIAL or name == LEDGER else None)
+        self._heads.pop(name, None)
+        if name != LEDGER:
+            with self._cache_lock:
+                self._note_files(name, table.version(), table)
+                if name in SORT_BY:  # the tables probed by file statistics and merged by runs
+                    self._note_actions(name, table.version(), table)
         return table.version()
+
+    def _newest(self, name: str) -> tuple[int, frozenset[str]]:
+        """A table's newest version and its columns, for an append under the writer lock: kept
+        from this process's last write while the log holds no entry after it (`_latest`)."""
+        kept = self._heads.get(name)
+        if (kept is None or not self._log_entry(name, kept[0]).exists()
+                or self._log_entry(name, kept[0] + 1).exists()):
+            table = self._latest(name)
+            kept = self._heads[name] = (table.version(), frozenset(f.name for f in table.schema().fields))
+        return kept
+
+    def _note_append(self, name: str, version: int, add: dict[str, Any] | None) -> None:
+        """Note the files and add actions of a version this process appended `add` to (the
+        cache lock is held), from those of the version before, when they are known."""
+        files = self._files.get((name, version - 1))
+        if files is not None:
+            new = [] if add is None else [os.path.abspath(os.path.join(self._path(name), add["path"]))]
+            self._keep_files(name, version, [*files, *new])
+        actions = self._actions.get((name, version - 1))
+        if name in SORT_BY and actions is not None:
+            self._keep_actions(name, version, actions if add is None else appends.with_action(actions, add))
 
     def _ledger(self, columns: list[str]) -> pl.DataFrame:
         table = DeltaTable(self._path(LEDGER))
@@ -576,11 +631,14 @@ class DeltaStore:
 
     def _note_files(self, name: str, version: int, table: DeltaTable) -> list[str]:
         """Cache the data files of `table`, loaded at `version` (the cache lock is held)."""
-        if len(self._files) > 4 * len(STORED):
-            self._files.clear()
         files = table.file_uris()
         if self.local:  # delta-rs gives file URIs percent-encoded; readers want the path
             files = [unquote(uri) for uri in files]
+        return self._keep_files(name, version, files)
+
+    def _keep_files(self, name: str, version: int, files: list[str]) -> list[str]:
+        if len(self._files) > 4 * len(STORED):
+            self._files.clear()
         self._files[(name, version)] = files
         return files
 
@@ -602,9 +660,12 @@ class DeltaStore:
         return actions
 
     def _note_actions(self, name: str, version: int, table: DeltaTable) -> pa.Table:
+        return self._keep_actions(name, version, pa.table(table.get_add_actions(flatten=True)))
+
+    def _keep_actions(self, name: str, version: int, actions: pa.Table) -> pa.Table:
         if len(self._actions) > 4 * len(STORED):
             self._actions.clear()
-        actions = self._actions[(name, version)] = pa.table(table.get_add_actions(flatten=True))
+        self._actions[(name, version)] = actions
         return actions
 
     def file_ranges(self, name: str, version: int, column: str) -> dict[str, tuple[str | None, str | None]]:
@@ -837,15 +898,8 @@ class DeltaStore:
         if name not in versions and not DeltaTable.is_deltatable(self._path(name)):
             self._create_table(name)
         data = sort_for_write(name, rows, KEYS[name]).to_arrow() if isinstance(rows, pl.DataFrame) else rows
-        table = self._latest(name)  # the write moves it to its new version
         # a store written before partial rows gains their mask column with its first batch
-        write_deltalake(table, data, mode="append", writer_properties=writer(name),
-                        schema_mode="merge" if name in PARTIAL else None)
-        versions[name] = table.version()
-        with self._cache_lock:  # the next batch's reads take files and statistics without loading the log
-            self._note_files(name, versions[name], table)
-            if name in SORT_BY:  # the tables probed by file statistics and merged by runs
-                self._note_actions(name, versions[name], table)
+        versions[name] = self._append(name, data, _arrow_schema(name), file_options(name), writer(name))
         if name in SORT_BY and self._merge_plan(self.runs(name, versions[name])):
             self._merge_due.add(name)
         _failpoint(f"after_table:{name}")
@@ -865,6 +919,11 @@ class DeltaStore:
             table = DeltaTable(self._path(name))
             write_deltalake(table, merging.stream(con, sql, schema), mode="overwrite",
                             predicate=f"_batch >= {since}", writer_properties=writer(name))
+        self._written[name] = table  # the next append need not load the log again (`_latest`)
+        self._heads.pop(name, None)
+        with self._cache_lock:  # nor need the appends and reads after it (`_note_append`)
+            self._note_files(name, table.version(), table)
+            self._note_actions(name, table.version(), table)
         self.merges.append((name, len(runs), time.perf_counter() - started))
         return table.version()
 
