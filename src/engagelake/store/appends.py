@@ -23,7 +23,8 @@ from __future__ import annotations
 import os
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -151,49 +152,84 @@ def write_file(folder: str, data: pa.Table | pa.RecordBatchReader, schema: pa.Sc
                options: FileOptions) -> tuple[dict[str, Any], int] | None:
     """Write `data` (cast to `schema`) as one Parquet file in the table folder `folder`; returns
     its add action and row count (None: no rows, no file)."""
-    name = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
-    path = os.path.join(folder, name)
-    stats = _Stats()
+    files = write_files(folder, data, schema, options)
+    return files[0] if files else None
+
+
+def write_files(folder: str, data: pa.Table | pa.RecordBatchReader, schema: pa.Schema, options: FileOptions,
+                *, file_rows: int | None = None, into: str | None = None) -> list[tuple[dict[str, Any], int]]:
+    """Write `data` (cast to `schema`) as Parquet files of the table in `folder`, a new file
+    after each `file_rows` rows or so (at a row group's end; None: one file); returns each
+    file's add action and row count. `into`: a folder to write them in instead (the add
+    actions name them as files of `folder`: the caller moves them there, `move_in`). On an
+    error no file of them is left."""
+    done: list[tuple[dict[str, Any], int]] = []
+    current: tuple[pq.ParquetWriter, str, _Stats] | None = None
     columns = schema.names if options.statistics is None else list(options.statistics)
-    writer: pq.ParquetWriter | None = None
+
+    def close() -> None:
+        writer, name, stats = current  # type: ignore[misc]
+        writer.close()
+        path = os.path.join(into or folder, name)
+        done.append(({"path": name, "partitionValues": {}, "size": os.path.getsize(path),
+                      "modificationTime": int(time.time() * 1000), "dataChange": True, "stats": stats.json()},
+                     stats.rows))
+
     try:
         for chunk in _chunks(data, options.row_group_rows):
             if chunk.num_rows == 0:
                 continue
             chunk = chunk.cast(schema) if chunk.schema != schema else chunk
-            if writer is None:
-                writer = pq.ParquetWriter(
-                    path, schema, compression="snappy",
+            if current is not None and file_rows is not None and current[2].rows >= file_rows:
+                close()
+                current = None
+            if current is None:
+                name = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
+                current = (pq.ParquetWriter(
+                    os.path.join(into or folder, name), schema, compression="snappy",
                     use_dictionary=[c for c in schema.names if c not in options.plain],
-                    write_statistics=True if options.statistics is None else list(options.statistics))
-            writer.write_table(chunk, row_group_size=options.row_group_rows or chunk.num_rows)
-            stats.add(chunk, columns)
+                    write_statistics=True if options.statistics is None else list(options.statistics)),
+                    name, _Stats())
+            current[0].write_table(chunk, row_group_size=options.row_group_rows or chunk.num_rows)
+            current[2].add(chunk, columns)
+        if current is not None:
+            close()
+            current = None
     except BaseException:
-        if writer is not None:
-            writer.close()
-        if os.path.exists(path):
-            os.remove(path)
+        if current is not None:
+            current[0].close()
+            done.append(({"path": current[1]}, 0))
+        for add, _ in done:
+            with suppress(FileNotFoundError):
+                os.remove(os.path.join(into or folder, add["path"]))
         raise
-    if writer is None:
-        return None
-    writer.close()
-    now = int(time.time() * 1000)
-    add = {"path": name, "partitionValues": {}, "size": os.path.getsize(path), "modificationTime": now,
-           "dataChange": True, "stats": stats.json()}
-    return add, stats.rows
+    return done
 
 
-def commit(folder: str, version: int, adds: list[dict[str, Any]], rows: int) -> int:
-    """Create log entry `version` of the table in `folder`, appending the files of `adds`;
-    returns `version`. The caller holds the writer lock and knows the table's newest version
-    is the one before; a log entry that exists already (another writer's) raises StoreError."""
+def move_in(folder: str, into: str, adds: list[dict[str, Any]]) -> None:
+    """Move the files of `adds`, written in `into`, to the table folder `folder` (the same
+    file system: a rename each)."""
+    for add in adds:
+        os.rename(os.path.join(into, add["path"]), os.path.join(folder, add["path"]))
+
+
+def commit(folder: str, version: int, adds: list[dict[str, Any]], rows: int,
+           removed: Sequence[tuple[str, int]] = ()) -> int:
+    """Create log entry `version` of the table in `folder`: the files of `adds` (`rows` rows in
+    all) added, those of `removed` ((path in the table, size)) removed; returns `version`. The
+    caller holds the writer lock and knows the table's newest version is the one before; a log
+    entry that exists already (another writer's) raises StoreError."""
     log = os.path.join(folder, "_delta_log")
+    now = int(time.time() * 1000)
     info = {"commitInfo": {
-        "timestamp": int(time.time() * 1000), "operation": "WRITE", "operationParameters": {"mode": "Append"},
+        "timestamp": now, "operation": "WRITE",
+        "operationParameters": {"mode": "Overwrite" if removed else "Append"},
         "engineInfo": f"engagelake:{__version__}", "clientVersion": f"engagelake-{__version__}",
-        "operationMetrics": {"num_added_files": len(adds), "num_removed_files": 0, "num_partitions": 0,
+        "operationMetrics": {"num_added_files": len(adds), "num_removed_files": len(removed), "num_partitions": 0,
                              "num_added_rows": rows}}}
-    text = b"\n".join(orjson.dumps(action) for action in (info, *({"add": add} for add in adds))) + b"\n"
+    removes = ({"remove": {"path": path, "deletionTimestamp": now, "dataChange": True, "extendedFileMetadata": True,
+                           "partitionValues": {}, "size": size}} for path, size in removed)
+    text = b"\n".join(orjson.dumps(action) for action in (info, *removes, *({"add": add} for add in adds))) + b"\n"
     temporary = os.path.join(log, f"_commit_{uuid.uuid4()}.json.tmp")
     with open(temporary, "wb") as f:
         f.write(text)

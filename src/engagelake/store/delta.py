@@ -24,6 +24,7 @@ import errno
 import fcntl
 import os
 import random
+import shutil
 import signal
 import threading
 import time
@@ -40,6 +41,7 @@ from urllib.parse import unquote
 import orjson
 import polars as pl
 import pyarrow as pa
+import pyarrow.compute as pc
 from deltalake import ColumnProperties, DeltaTable, WriterProperties, write_deltalake
 
 from engagelake.errors import NotAStore, StaleStoreError, StoreDamaged, StoreError, StoreReadOnly
@@ -124,6 +126,9 @@ PLAIN_COLUMNS: dict[str, tuple[str, ...]] = {
     **{index: tuple(SCHEMAS[index]) for index in INDEXES},
 }
 COMPACTING = "_compacting"  # marker file: a compaction is under way
+MERGING = "_merging"  # a merge pass's files before they are published (`merge_runs`)
+# rows per file of a merged run (delta-rs' 100 MiB target held about 2M profile rows)
+MERGED_FILE_ROWS = 1 << 21
 CREATING = "_creating"  # marker file: a store is being created (its ledger is written last)
 WRITER_LOCK = "_writer.lock"
 MERGE_ENV = "ENGAGELAKE_MERGE_TRIGGER"  # runs a table may hold before a batch merges (tuning, tests)
@@ -328,6 +333,8 @@ class DeltaStore:
         self._merger: threading.Thread | None = None
         self._exclusive_owner: int | None = None  # the thread inside `exclusive`
         self._merge_due: set[str] = set()  # tables the last commit left with runs to merge
+        self._due_lock = threading.Lock()  # `_merge_due` and `_merging`, between a batch and the merge thread
+        self._merging = False  # a merge pass is running (`_start_merges`)
         self.merge_errors: list[BaseException] = []  # a failed merge pass loses nothing (see merge_runs)
         # failures after a batch's ledger row landed: the batch is committed all the same
         self.commit_errors: list[BaseException] = []
@@ -744,8 +751,8 @@ class DeltaStore:
         requests, stored beside its key; `subjects`: the users the batch read or wrote, stored
         with a keyed batch's responses; `read_at`: the content batch of the head the batch read
         (default: the current head's), so that nothing that moves the head meanwhile can hide a
-        batch it never read."""
-        self.wait_for_merges()
+        batch it never read. A run merge may be under way meanwhile: it takes the writer lock
+        only to publish its merged runs (`merge_runs`)."""
         base = self.head.content_batch if read_at is None else read_at
         with self._writer_lock():
             self.refresh()  # the ledger is read again only if an entry came since we looked
@@ -763,19 +770,34 @@ class DeltaStore:
 
     # --- run merges, after the commit ------------------------------------------------------------
     def _start_merges(self) -> None:
-        due, self._merge_due = [n for n in SORT_BY if n in self._merge_due], set()
-        if not self.background_merges:
-            self._merge_guarded(due)
+        """Merge the tables due, in a thread (one merge pass at a time: while one runs, it takes
+        the tables a commit made due meanwhile when its pass ends)."""
+        with self._due_lock:
+            if self._merging:
+                return
+            due, self._merge_due = [n for n in SORT_BY if n in self._merge_due], set()
+            self._merging = bool(due)
+        if not due:
             return
-        self._merger = threading.Thread(target=self._merge_guarded, args=(due,), name="engagelake-merge-runs")
+        if not self.background_merges:
+            self._merge_passes(due)
+            return
+        self._merger = threading.Thread(target=self._merge_passes, args=(due,), name="engagelake-merge-runs")
         self._merger.start()  # not a daemon: a process that exits waits for its merge to finish
 
-    def _merge_guarded(self, tables: list[str]) -> None:
-        """The batch is committed: a failed merge must not look like a failed batch."""
-        try:
-            self.merge_runs(tables)
-        except Exception as error:  # noqa: BLE001 - the store is intact; the next writer rolls it back
-            self.merge_errors.append(error)
+    def _merge_passes(self, due: list[str]) -> None:
+        """Merge passes until no table is due. The batch is committed: a failed merge must not
+        look like a failed batch (the store is intact; the next writer rolls it back)."""
+        while True:
+            try:
+                self.merge_runs(due)
+            except Exception as error:  # noqa: BLE001 - see above
+                self.merge_errors.append(error)
+            with self._due_lock:
+                due, self._merge_due = [n for n in SORT_BY if n in self._merge_due], set()
+                if not due:
+                    self._merging = False
+                    return
 
     def _merge_plan(self, runs: list[merging.Run]) -> list[merging.Run]:
         """The newest runs to merge into one (none, or at least two)."""
@@ -790,19 +812,113 @@ class DeltaStore:
             merger.join()
 
     def merge_runs(self, tables: list[str] | None = None) -> list[str]:
-        """One merge pass under the writer lock: each sorted table (of `tables`, default all)
-        holding more runs than the trigger merges its newest runs (`merging.plan`), each in one
-        Delta commit, and one ledger row of kind "merge" publishes them all. Returns the tables
-        merged.
+        """One merge pass: each sorted table (of `tables`, default all) holding more runs than
+        the trigger merges its newest runs (`merging.plan`) into one, and one ledger row of
+        kind "merge" publishes them all. Returns the tables merged.
+
+        On a local store the merged files are written without the writer lock (batches commit
+        meanwhile: a merge no longer stands in their way). Then, under the lock, each table
+        whose merged runs are all still there takes one log entry that removes their files and
+        adds the merged ones; a table whose runs went meanwhile (another writer's merge, a
+        compaction) drops its merged files. Runs that batches appended since are newer and stay
+        as they are, so the merged run replaces exactly what it read.
 
         A merge changes no content, so a crash midway loses nothing: the tables are ahead of
-        the ledger, and the next writer rolls them back to the versions it names."""
+        the ledger, and the next writer rolls them back to the versions it names; merged files
+        never published are left in `_merging/`, which the next compaction removes."""
+        if not self.local:
+            return self._merge_runs_locked(tables)
+        if self._compacting():  # a dead compaction: the next batch or reader rolls it forward
+            return []
+        head = self._read_head(note=False)
+        planned: dict[str, tuple[list[merging.Run], list[tuple[dict[str, Any], int]]]] = {}
+        folder = Path(self.uri) / MERGING / uuid.uuid4().hex
+        try:
+            for name in SORT_BY if tables is None else tables:
+                runs = self.runs(name, head.versions.get(name))
+                if chosen := self._merge_plan(runs):
+                    folder.mkdir(parents=True, exist_ok=True)
+                    planned[name] = (chosen, self._merged_files(name, chosen, bottom=len(chosen) == len(runs),
+                                                                into=str(folder)))
+            merged, before, versions = self._publish_merges(planned, str(folder)) if planned else ([], {}, {})
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)  # the merged files of tables not published
+        for name in merged:
+            old = set(self.files(name, before.get(name)))
+            self.index_footers(name, [f for f in self.files(name, versions[name]) if f not in old])
+        return merged
+
+    def _publish_merges(self, planned: dict[str, tuple[list[merging.Run], list[tuple[dict[str, Any], int]]]],
+                        folder: str) -> tuple[list[str], dict[str, int], dict[str, int]]:
+        """Under the writer lock, swap in each planned table's merged files where its runs are
+        all still there, then write the ledger row; returns the tables merged and the table
+        versions before and after."""
         with self._writer_lock():
-            if self._compacting():  # a dead compaction: the next batch or reader rolls it forward
-                return []
+            if self._compacting():
+                return [], {}, {}
             head = self._read_head(note=False)
             # the tables it merges must hold no dead writer's rows; the others keep the ledger's
             # versions here, and the next writer rolls them back
+            self._recover(head, list(planned))
+            versions = dict(head.versions)
+            merged = []
+            for name, (runs, written) in planned.items():
+                version = versions.get(name)
+                with self._cache_lock:
+                    actions = self._actions_at(name, version) if version is not None else None
+                present = {} if actions is None else dict(zip(
+                    actions.column("path").to_pylist(), actions.column("size_bytes").to_pylist(), strict=True))
+                root = self._path(name).rstrip("/") + "/"
+                gone = [f.removeprefix(root) for run in runs for f in run.files]
+                if version is None or actions is None or not all(path in present for path in gone):
+                    continue  # merged meanwhile by another writer, or compacted
+                adds = [add for add, _ in written]
+                appends.move_in(self._path(name), folder, adds)
+                # after the newest version: a rollback (`_recover`) adds versions after the ledger's
+                newest, columns = self._newest(name)
+                versions[name] = appends.commit(self._path(name), newest + 1, adds, sum(n for _, n in written),
+                                                [(path, present[path]) for path in gone])
+                self._heads[name] = (versions[name], columns)
+                with self._cache_lock:  # the files and statistics of the new version, for the next reads
+                    self._keep_files(name, versions[name], [
+                        *(f for f in self.files(name, version) if _file_name(f) not in set(gone)),
+                        *(os.path.abspath(os.path.join(self._path(name), add["path"])) for add in adds)])
+                    kept = actions.filter(pc.invert(pc.is_in(actions.column("path"), pa.array(gone))))
+                    for add in adds:
+                        kept = appends.with_action(kept, add)
+                    self._keep_actions(name, versions[name], kept)
+                merged.append(name)
+                _failpoint(f"merge:{name}")
+            if merged:
+                _failpoint("before_merge_ledger")
+                self._append_ledger(head.batch_no + 1, None, versions, head.next_profile_n, head.next_update_seq,
+                                    head.seed, [], kind="merge")
+        return merged, dict(head.versions), versions
+
+    def _merged_files(self, name: str, runs: list[merging.Run], *, bottom: bool,
+                      into: str) -> list[tuple[dict[str, Any], int]]:
+        """The newest `runs` of `name` merged into one run, written as files in `into`; returns
+        their add actions and row counts."""
+        started = time.perf_counter()
+        files = [f for run in runs for f in run.files]
+        order = sort_order(name, KEYS[name])
+        assert order is not None
+        with merging.connection(self.memory_limit) as con:
+            sql = merging.merge_sql(name, list(_stored_schema(name)), KEYS[name], order, files, since=runs[-1].first,
+                                    bottom=bottom, fold=any(run.partial for run in runs))
+            written = appends.write_files(self._path(name), merging.stream(con, sql, _arrow_schema(name)),
+                                          _arrow_schema(name), file_options(name), file_rows=MERGED_FILE_ROWS,
+                                          into=into)
+        self.merges.append((name, len(runs), time.perf_counter() - started))
+        return written
+
+    def _merge_runs_locked(self, tables: list[str] | None) -> list[str]:
+        """`merge_runs` on object storage: the whole pass under the writer lock, each table
+        rewritten by delta-rs."""
+        with self._writer_lock():
+            if self._compacting():
+                return []
+            head = self._read_head(note=False)
             self._recover(head, list(SORT_BY) if tables is None else tables)
             versions = dict(head.versions)
             merged = []
@@ -816,9 +932,6 @@ class DeltaStore:
                 _failpoint("before_merge_ledger")
                 self._append_ledger(head.batch_no + 1, None, versions, head.next_profile_n, head.next_update_seq,
                                     head.seed, [], kind="merge")
-        for name in merged:
-            old = set(self.files(name, head.versions.get(name)))
-            self.index_footers(name, [f for f in self.files(name, versions[name]) if f not in old])
         return merged
 
     def index_footers(self, name: str, files: list[str] | None = None) -> int:
@@ -901,7 +1014,8 @@ class DeltaStore:
         # a store written before partial rows gains their mask column with its first batch
         versions[name] = self._append(name, data, _arrow_schema(name), file_options(name), writer(name))
         if name in SORT_BY and self._merge_plan(self.runs(name, versions[name])):
-            self._merge_due.add(name)
+            with self._due_lock:
+                self._merge_due.add(name)
         _failpoint(f"after_table:{name}")
 
     def _merge(self, name: str, runs: list[merging.Run], *, bottom: bool) -> int:
@@ -1035,6 +1149,7 @@ class DeltaStore:
         """Drop the files and log entries the compacted versions no longer need, then publish
         `tables`; returns the rows of each."""
         kept = {}
+        shutil.rmtree(Path(self.uri) / MERGING, ignore_errors=True)  # merged runs a killed merge never published
         self._vacuum(LEDGER)  # its old files held the responses it dropped
         for name in tables:
             if not DeltaTable.is_deltatable(self._path(name)):
