@@ -880,8 +880,9 @@ class DeltaStore:
                                                 [(path, present[path]) for path in gone])
                 self._heads[name] = (versions[name], columns)
                 with self._cache_lock:  # the files and statistics of the new version, for the next reads
+                    removed = set(gone)
                     self._keep_files(name, versions[name], [
-                        *(f for f in self.files(name, version) if _file_name(f) not in set(gone)),
+                        *(f for f in self.files(name, version) if _file_name(f) not in removed),
                         *(os.path.abspath(os.path.join(self._path(name), add["path"])) for add in adds)])
                     kept = actions.filter(pc.invert(pc.is_in(actions.column("path"), pa.array(gone))))
                     for add in adds:
