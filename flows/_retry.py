@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from prefect.cache_policies import NO_CACHE
+from prefect.utilities.annotations import quote
+
+T = TypeVar("T")
 
 # Missing files and refused permissions do not heal by waiting.
 PERMANENT_IO_ERRORS = (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError)
@@ -24,3 +27,9 @@ IO_TASK_OPTIONS: dict[str, Any] = {
     "cache_policy": NO_CACHE,
     "persist_result": False,
 }
+
+
+def quoted(value: T) -> T:
+    """`value` passed to a task as it is: Prefect neither walks it for futures nor hashes it
+    (big batches and response lists), typed as the value itself (`quote` is not)."""
+    return cast(T, quote(value))

@@ -16,14 +16,13 @@ from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger, task
-from prefect.utilities.annotations import quote
 
 from engagelake import Workspace
 from engagelake.files import read_identifiers, write_user_chunks, write_users_files
 from engagelake.rules.messages import EXPORT_FIELDS
 from engagelake.workspace import EXPORT_CHUNK_USERS
 from flows._artifacts import record_markdown
-from flows._retry import IO_TASK_OPTIONS
+from flows._retry import IO_TASK_OPTIONS, quoted
 
 EXPORT_PATH = "/users/export/ids"
 IDS_PER_REQUEST = 50
@@ -106,7 +105,7 @@ def export_batch(
         body = export_chunk(workspace, chunk, fields_to_export)
         users.extend(body.get("users") or [])
         invalid.extend(body.get("invalid_user_ids") or [])
-    ndjson_path, parquet_path = write_users(quote(users), out_dir)
+    ndjson_path, parquet_path = write_users(quoted(users), out_dir)
     logger.info(
         "exported %d users for %d external IDs to %s (%d matched no user)",
         len(users),

@@ -16,7 +16,6 @@ from datetime import timedelta
 from pathlib import Path
 
 from prefect import flow, get_run_logger, task
-from prefect.utilities.annotations import quote
 
 from engagelake import IdempotentResponsesExpired, Response, Workspace
 from engagelake.errors import ConfigError
@@ -29,7 +28,7 @@ from engagelake.files import (
     write_responses_file,
 )
 from flows._artifacts import record_batches, record_table_rows
-from flows._retry import IO_TASK_OPTIONS
+from flows._retry import IO_TASK_OPTIONS, quoted
 
 
 @task(name="find-request-files", **IO_TASK_OPTIONS)
@@ -95,7 +94,7 @@ def _apply_files(folder: str, store: str, on_file_applied: Callable[[AppliedFile
         if only:
             check_paths(batch, only)
         started = time.perf_counter()
-        responses = apply_batch(workspace, quote(batch))
+        responses = apply_batch(workspace, quoted(batch))
         seconds = time.perf_counter() - started
         if isinstance(responses, IdempotentResponsesExpired):
             why = f"applied at {responses.committed_at} ({responses.reason} responses are not kept)"
@@ -104,7 +103,7 @@ def _apply_files(folder: str, store: str, on_file_applied: Callable[[AppliedFile
             if on_file_applied is not None:
                 on_file_applied(applied[-1])
             continue
-        result = write_responses(quote(batch), quote(responses), seconds)
+        result = write_responses(quoted(batch), quoted(responses), seconds)
         logger.info(
             "%s: %d requests, %d objects processed in %.2f s, statuses %s, %d non-fatal errors",
             path.name,
@@ -206,4 +205,4 @@ def publish_current(store: str = "data/store", out: str | None = None) -> dict[s
 if __name__ == "__main__":
     import sys
 
-    track_batch(*sys.argv[1:3])
+    track_batch(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "data/store")
