@@ -160,14 +160,20 @@ def stored_state(ws) -> dict[str, Any]:
             "next_profile_n": ws.store.head.next_profile_n}
 
 
-@pytest.mark.parametrize("refused", REFUSED)
-def test_a_refused_track_request_leaves_no_trace(tmp_path, refused: dict[str, Any]) -> None:
-    expected = open_ws(tmp_path, "expected")
+@pytest.fixture(scope="module")
+def want(tmp_path_factory) -> dict[str, Any]:
+    """The stored state of FIRST and SECOND without the refused request between them (the same
+    for every case: built once)."""
+    expected = open_ws(tmp_path_factory.mktemp("expected"))
     expected.apply([FIRST, SECOND])
+    return stored_state(expected)
+
+
+@pytest.mark.parametrize("refused", REFUSED)
+def test_a_refused_track_request_leaves_no_trace(tmp_path, refused: dict[str, Any], want: dict[str, Any]) -> None:
     calls = open_ws(tmp_path, "calls")
     statuses = [calls.call(r["method"], r["path"], r["body"]).status for r in (FIRST, refused, SECOND)]
     batch = open_ws(tmp_path, "batch")
     assert [r.status for r in batch.apply([FIRST, refused, SECOND])] == statuses == [201, 400, 201]
-    want = stored_state(expected)
     assert stored_state(calls) == want
     assert stored_state(batch) == want

@@ -10,7 +10,7 @@ from typing import Any
 
 import orjson
 import pytest
-from tests.helpers import NOW, SEED, open_ws
+from tests.helpers import NOW, SEED, copy_of, open_ws
 
 from engagelake import Response, Workspace
 from engagelake.errors import ConfigError, RequestError
@@ -66,9 +66,12 @@ def loaded(tmp_path_factory):
 
 @pytest.fixture
 def ws(tmp_path):
-    w = open_ws(tmp_path)
+    """A store with tests/data/campaigns.json loaded: a copy of one built once."""
+    return copy_of(tmp_path, _loaded_data)
+
+
+def _loaded_data(w):
     w.campaigns.load(DATA)
-    return w
 
 
 # --- success -------------------------------------------------------------------------------------

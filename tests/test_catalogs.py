@@ -9,7 +9,7 @@ from typing import Any
 import polars as pl
 import pytest
 from polars.testing import assert_frame_equal
-from tests.helpers import NOW, SEED, open_ws
+from tests.helpers import NOW, SEED, copy_of, open_ws
 
 from engagelake import Response, Workspace
 from engagelake.errors import ConfigError, RequestError
@@ -50,9 +50,12 @@ def stored(ws: Workspace, catalog: str = CAT) -> dict[str, dict[str, Any]]:
 
 @pytest.fixture
 def ws(tmp_path):
-    w = open_ws(tmp_path)
+    """A store holding the catalog of `define()`: a copy of one built once."""
+    return copy_of(tmp_path, _defined)
+
+
+def _defined(w: Workspace) -> None:
     assert w.call("POST", "/catalogs", body=define()).status == 201
-    return w
 
 
 @pytest.fixture(scope="module")

@@ -6,6 +6,7 @@ import inspect
 import io
 import itertools
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +17,7 @@ import polars as pl
 import pytest
 import typer
 from polars.testing import assert_frame_equal
+from tests import helpers
 from typer.testing import CliRunner
 
 from engagelake import Workspace
@@ -401,8 +403,28 @@ def test_apply_a_broken_file_is_a_red_error(tmp_path: Path) -> None:
 
 
 def _merged_chain(store: Path) -> Workspace:
-    """user-3 merged into user-2, user-2 into user-1, two skipped merges, user-1 renamed."""
-    ws = Workspace.open(store)
+    """user-3 merged into user-2, user-2 into user-1, two skipped merges, user-1 renamed: a copy
+    at `store` of a store built once."""
+    return _copy_of_built(store, _merge_chain)
+
+
+def _copy_of_built(store: Path, build: Any) -> Workspace:
+    """A copy at `store` of the store that `build` fills, built once per process (opened as the
+    CLI opens one: the default clock and seed)."""
+    template = helpers.templates() / f"cli-{build.__name__}"
+    if not template.exists():
+        building = template.with_name(f"{template.name}.building")
+        shutil.rmtree(building, ignore_errors=True)
+        ws = Workspace.open(building)
+        build(ws)
+        ws.store.wait_for_merges()
+        ws.close()
+        building.rename(template)
+    shutil.copytree(template, store)
+    return Workspace.open(store)
+
+
+def _merge_chain(ws: Workspace) -> None:
     ws.call("POST", "/users/track", {"attributes": [{"external_id": f"user-{i}"} for i in (1, 2, 3)]})
     ws.call("POST", "/users/merge", {"merge_updates": [
         {"identifier_to_merge": {"external_id": "user-3"}, "identifier_to_keep": {"external_id": "user-2"}}]})
@@ -412,7 +434,6 @@ def _merged_chain(store: Path) -> Workspace:
         {"identifier_to_merge": {"external_id": "ghost"}, "identifier_to_keep": {"external_id": "nobody"}}]})
     ws.call("POST", "/users/external_ids/rename", {"external_id_renames": [
         {"current_external_id": "user-1", "new_external_id": "customer-1"}]})
-    return ws
 
 
 def _no_times(text: str) -> str:
@@ -528,10 +549,13 @@ def test_publish_writes_current_rows_for_outside_readers(tmp_path: Path) -> None
 
 # --- check and repair ------------------------------------------------------------------------------
 def _two_batches(store: Path) -> None:
-    ws = Workspace.open(store)
+    """Two batches of one track each: a copy at `store` of a store built once."""
+    _copy_of_built(store, _track_twice).close()
+
+
+def _track_twice(ws: Workspace) -> None:
     ws.call("POST", "/users/track", {"attributes": [{"external_id": "a"}]})
     ws.call("POST", "/users/track", {"attributes": [{"external_id": "b"}]})
-    ws.close()
 
 
 def test_check_a_healthy_store_exits_0(tmp_path: Path) -> None:

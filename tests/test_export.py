@@ -11,6 +11,7 @@ from tests.helpers import (
     NOW,
     Clock,
     alias,
+    copy_of,
     event,
     export,
     export_one,
@@ -45,8 +46,13 @@ TIMESTAMP = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
 
 
 @pytest.fixture
-def people(ws):
-    """u1 (sid 0), u2 (sid 1) share ANN; alias-only a3 (sid 2); email-only solo (sid 3)."""
+def people(tmp_path):
+    """u1 (sid 0), u2 (sid 1) share ANN; alias-only a3 (sid 2); email-only solo (sid 3): a copy
+    of a store built once."""
+    return copy_of(tmp_path, _people)
+
+
+def _people(ws):
     track_ok(
         ws,
         attributes=[
@@ -62,7 +68,6 @@ def people(ws):
             {"email": "solo@example.com", "first_name": "Solo"},
         ],
     )
-    return ws
 
 
 def names(users):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -62,11 +63,26 @@ def plan_of(store: Path, external_id: str) -> Any:
     return users[0]["custom_attributes"]["plan"]
 
 
-def test_track_batch_applies_each_file_and_writes_its_responses(tmp_path: Path) -> None:
-    paths = workload(tmp_path / "requests")
-    store = tmp_path / "store"
+@pytest.fixture(scope="module")
+def first_run(tmp_path_factory: pytest.TempPathFactory, prefect_harness: None) -> tuple[Path, list[Path], list[Any]]:
+    """`track_batch` once over a generated workload of 60 users (user-000000 ... user-000059):
+    the folder holding `requests/` (with the responses files) and `store/`, the request files
+    and what the flow returned. Read it; copy the folder to write."""
+    folder = tmp_path_factory.mktemp("tracked")
+    paths = workload(folder / "requests")
+    applied = track_batch(str(folder / "requests"), str(folder / "store"))
+    return folder, paths, applied
 
-    applied = track_batch(str(tmp_path / "requests"), str(store))
+
+@pytest.fixture
+def tracked_store(first_run: tuple[Path, list[Path], list[Any]]) -> Path:
+    """The store of `first_run` (only read by the tests)."""
+    return first_run[0] / "store"
+
+
+def test_track_batch_applies_each_file_and_writes_its_responses(first_run: tuple[Path, list[Path], list[Any]]) -> None:
+    folder, paths, applied = first_run
+    store = folder / "store"
 
     assert [a.path for a in applied] == paths
     requests = requests_of(paths)
@@ -90,17 +106,16 @@ def test_track_batch_applies_each_file_and_writes_its_responses(tmp_path: Path) 
     assert sum(count_objects(r) for r in requests) == 900
 
 
-def test_track_batch_rerun_returns_stored_responses_and_changes_nothing(tmp_path: Path) -> None:
+def test_track_batch_rerun_returns_stored_responses_and_changes_nothing(
+        first_run: tuple[Path, list[Path], list[Any]], tmp_path: Path) -> None:
+    shutil.copytree(first_run[0], tmp_path, dirs_exist_ok=True)  # the first run's files and store
     folder, store = tmp_path / "requests", tmp_path / "store"
-    workload(folder)
-    first = track_batch(str(folder), str(store))
-    responses = {a.responses_path: a.responses_path.read_bytes() for a in first}
+    first = [(folder / a.path.name, a.statuses, (folder / a.responses_path.name).read_bytes()) for a in first_run[2]]
     before_tables, before_files = tables(store), store_files(store)
 
     second = track_batch(str(folder), str(store))
 
-    assert [(a.path, a.statuses) for a in second] == [(a.path, a.statuses) for a in first]
-    assert {a.responses_path: a.responses_path.read_bytes() for a in second} == responses
+    assert [(a.path, a.statuses, a.responses_path.read_bytes()) for a in second] == first
     assert store_files(store) == before_files
     after = tables(store)
     for name, frame in before_tables.items():
@@ -221,15 +236,6 @@ def test_tasks_retry_on_transient_io_errors_only(error: BaseException, retried: 
     assert is_transient_io_error(None, None, Failed(data=error)) is retried
 
 
-@pytest.fixture(scope="module")
-def tracked_store(tmp_path_factory: pytest.TempPathFactory, prefect_harness: None) -> Path:
-    """A store holding a generated workload of 60 users (user-000000 ... user-000059)."""
-    folder = tmp_path_factory.mktemp("tracked")
-    workload(folder / "requests")
-    track_batch(str(folder / "requests"), str(folder / "store"))
-    return folder / "store"
-
-
 def test_export_batch_exports_in_chunks_and_writes_both_files(
     tracked_store: Path, tmp_path: Path
 ) -> None:
@@ -305,12 +311,20 @@ def external_ids(store: Path) -> list[str]:
     return sorted(Workspace.open(store).table("external_ids").collect()["external_id"].to_list())
 
 
-@pytest.fixture
-def four_users(tmp_path: Path) -> Path:
-    store = tmp_path / "store"
+@pytest.fixture(scope="module")
+def four_users_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    store = tmp_path_factory.mktemp("four-users") / "store"
     users = [{"external_id": f"u{i}", "n": i} for i in range(4)]
-    Workspace.open(store).call("POST", TRACK, {"attributes": users})
+    ws = Workspace.open(store)
+    ws.call("POST", TRACK, {"attributes": users})
+    ws.store.wait_for_merges()  # nothing left to write while it is copied
     return store
+
+
+@pytest.fixture
+def four_users(four_users_template: Path, tmp_path: Path) -> Path:
+    """A store holding u0 ... u3: a copy of one built once for the module."""
+    return shutil.copytree(four_users_template, tmp_path / "store")
 
 
 def test_merge_batch_applies_merge_files_and_is_safe_to_rerun(tmp_path: Path, four_users: Path) -> None:

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from deltalake import write_deltalake
-from tests.helpers import ALL_FIELDS, EXPORT, TRACK, event, open_ws, post, track_ok
+from tests.helpers import ALL_FIELDS, EXPORT, TRACK, copy_of, event, open_ws, post, track_ok
 from typer.testing import CliRunner
 
 from engagelake import NotAStore, Workspace
@@ -59,11 +59,13 @@ def delete(ws: Workspace, external_id: str) -> None:
 @pytest.fixture
 def two(tmp_path: Path) -> Workspace:
     """The victim and a user who stays, each with an email, a first name, a custom attribute
-    and an event."""
-    ws = open_ws(tmp_path)
+    and an event (a copy of a store built once)."""
+    return copy_of(tmp_path, _two)
+
+
+def _two(ws: Workspace) -> None:
     track_ok(ws, attributes=[VICTIM, KEEPER], events=[event("bought-umbrella", external_id="victim-77"),
                                                       event("watered-plants", external_id="keeper-5")])
-    return ws
 
 
 # --- while the user exists -------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from urllib.parse import parse_qs, urlsplit
 import polars as pl
 import pytest
 from polars.testing import assert_frame_equal
-from tests.helpers import NOW, SEED, Clock, group_states, open_ws, service_id, track_ok, ts
+from tests.helpers import NOW, SEED, Clock, copy_of, group_states, open_ws, service_id, track_ok, ts
 
 from engagelake import Workspace
 from engagelake.resources import preference_centers as P
@@ -106,14 +106,17 @@ def assert_unchanged(ws: Workspace, before: dict[str, pl.DataFrame]) -> None:
 
 
 @pytest.fixture
-def users(ws):
-    """u1 (sid 0) and u2 (sid 1) share an email; u3 (sid 2) has its own."""
+def users(tmp_path):
+    """u1 (sid 0) and u2 (sid 1) share an email; u3 (sid 2) has its own (a copy of a store built once)."""
+    return copy_of(tmp_path, _users)
+
+
+def _users(ws: Workspace) -> None:
     track_ok(ws, attributes=[
         {"external_id": "u1", "email": "same@x.com"},
         {"external_id": "u2", "email": "same@x.com"},
         {"external_id": "u3", "email": "three@x.com"},
     ])
-    return ws
 
 
 # --- create, get, list, update ----------------------------------------------------------------

@@ -51,17 +51,46 @@ def attempt(ws, **values: Any):
     return track(ws, attributes=[{"external_id": "u1", **values}])
 
 
+# A parametrized case of its own per value would cost a store and a commit each: the cases below
+# go as the objects of one request, each for a user of its own ("e0", "e1", ...), and each
+# object is checked on its own (errors name the object's index).
+
+
+def put_each(ws, objects: list[dict[str, Any]]) -> list[str]:
+    """Track one object per new user, in one request, asserting success; returns the users."""
+    users = [f"e{i}" for i in range(len(objects))]
+    track_ok(ws, attributes=[{"external_id": user, **o} for user, o in zip(users, objects, strict=True)])
+    return users
+
+
+def refuse_each(ws, objects: list[dict[str, Any]], messages: str | list[str]) -> list[str]:
+    """Track one object per user ("e0", ...) in one request; assert that each object, and only it,
+    is refused with its message. Returns the users."""
+    users = [f"e{i}" for i in range(len(objects))]
+    if isinstance(messages, str):
+        messages = [messages] * len(objects)
+    r = track(ws, attributes=[{"external_id": user, **o} for user, o in zip(users, objects, strict=True)])
+    assert errors(r) == [err(m, "attributes", i) for i, m in enumerate(messages)], r.body
+    assert r.body["attributes_processed"] == 0
+    return users
+
+
+def assert_none_exists(ws, users: list[str]) -> None:
+    assert [user for user in users if exists(ws, user)] == []
+
+
 # --- set and remove -------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "value",
-    ["gold", "", 3, -2, 2.5, 0, True, False, {"a": 1, "b": [1, "x"]}, [1, "two", 3.0, None, True]],
-)
-def test_set_any_value(ws, value):
-    put(ws, v=value)
-    assert custom_attributes(ws, "u1") == {"v": value}
-    assert type(custom_attributes(ws, "u1")["v"]) is type(value)
+ANY_VALUES = ["gold", "", 3, -2, 2.5, 0, True, False, {"a": 1, "b": [1, "x"]}, [1, "two", 3.0, None, True]]
+
+
+def test_set_any_value(ws):
+    users = put_each(ws, [{"v": value} for value in ANY_VALUES])
+    for user, value in zip(users, ANY_VALUES, strict=True):
+        stored = custom_attributes(ws, user)
+        assert stored == {"v": value}, value
+        assert type(stored["v"]) is type(value), value
 
 
 def test_set_overwrites(ws):
@@ -127,22 +156,25 @@ def test_inc_across_requests_of_one_batch(ws):
     assert custom_attributes(ws, "u1") == {"n": 3}
 
 
-@pytest.mark.parametrize("base", ["7", "x", [1], {"a": 1}])
-def test_inc_on_non_numeric_is_an_error_and_skips_the_whole_object(ws, base):
-    put(ws, s=base, first_name="Before")
-    r = attempt(ws, keep="new", first_name="After", s={"inc": 1}, later={"inc": 1})
-    only_error(r, ERR_INC_NOT_NUMERIC)
-    assert r.body["attributes_processed"] == 0
-    assert custom_attributes(ws, "u1") == {"s": base}
-    assert field(ws, "u1", "first_name") == "Before"
+NON_NUMERIC = ["7", "x", [1], {"a": 1}]
 
 
-@pytest.mark.parametrize("value", [1.5, "1", None, [1], {"n": 1}, True, 1e3])
-def test_inc_value_must_be_an_integer(ws, value):
-    put(ws, n=1)
-    r = attempt(ws, other="x", n={"inc": value})
-    only_error(r, ERR_INC_VALUE)
-    assert custom_attributes(ws, "u1") == {"n": 1}
+def test_inc_on_non_numeric_is_an_error_and_skips_the_whole_object(ws):
+    users = put_each(ws, [{"s": base, "first_name": "Before"} for base in NON_NUMERIC])
+    refuse_each(ws, [{"keep": "new", "first_name": "After", "s": {"inc": 1}, "later": {"inc": 1}}] * len(users),
+                ERR_INC_NOT_NUMERIC)
+    for user, base in zip(users, NON_NUMERIC, strict=True):
+        assert custom_attributes(ws, user) == {"s": base}
+        assert field(ws, user, "first_name") == "Before"
+
+
+NOT_INTEGERS = [1.5, "1", None, [1], {"n": 1}, True, 1e3]
+
+
+def test_inc_value_must_be_an_integer(ws):
+    users = put_each(ws, [{"n": 1}] * len(NOT_INTEGERS))
+    refuse_each(ws, [{"other": "x", "n": {"inc": value}} for value in NOT_INTEGERS], ERR_INC_VALUE)
+    assert [custom_attributes(ws, user) for user in users] == [{"n": 1}] * len(users)
 
 
 def test_object_with_inc_and_other_keys_is_a_plain_value(ws):
@@ -244,23 +276,24 @@ def test_cap_applies_after_remove(ws):
     assert custom_attributes(ws, "u1")["nums"] == [*range(499), 1000]
 
 
-@pytest.mark.parametrize("op", [{"add": ["x"]}, {"remove": ["x"]}, {"add": [], "remove": []}])
-@pytest.mark.parametrize("base", ["x", 5, {"k": "x"}])
-def test_add_remove_on_non_array_is_an_error_and_skips_the_object(ws, op, base):
-    put(ws, tags=base)
-    r = attempt(ws, other=1, tags=op)
-    only_error(r, ERR_ARRAY_OP_NOT_ARRAY)
-    assert custom_attributes(ws, "u1") == {"tags": base}
+NON_ARRAY_CASES = [(op, base) for op in ({"add": ["x"]}, {"remove": ["x"]}, {"add": [], "remove": []})
+                   for base in ("x", 5, {"k": "x"})]
 
 
-@pytest.mark.parametrize(
-    "op", [{"add": "x"}, {"remove": 5}, {"add": ["x"], "remove": {"a": 1}}, {"add": None}]
-)
-def test_add_remove_values_must_be_arrays(ws, op):
-    put(ws, tags=["a"])
-    r = attempt(ws, other=1, tags=op)
-    only_error(r, ERR_ADD_REMOVE_VALUE)
-    assert custom_attributes(ws, "u1") == {"tags": ["a"]}
+def test_add_remove_on_non_array_is_an_error_and_skips_the_object(ws):
+    users = put_each(ws, [{"tags": base} for _, base in NON_ARRAY_CASES])
+    refuse_each(ws, [{"other": 1, "tags": op} for op, _ in NON_ARRAY_CASES], ERR_ARRAY_OP_NOT_ARRAY)
+    for user, (_, base) in zip(users, NON_ARRAY_CASES, strict=True):
+        assert custom_attributes(ws, user) == {"tags": base}
+
+
+NOT_ARRAY_OPS = [{"add": "x"}, {"remove": 5}, {"add": ["x"], "remove": {"a": 1}}, {"add": None}]
+
+
+def test_add_remove_values_must_be_arrays(ws):
+    users = put_each(ws, [{"tags": ["a"]}] * len(NOT_ARRAY_OPS))
+    refuse_each(ws, [{"other": 1, "tags": op} for op in NOT_ARRAY_OPS], ERR_ADD_REMOVE_VALUE)
+    assert [custom_attributes(ws, user) for user in users] == [{"tags": ["a"]}] * len(users)
 
 
 def test_object_with_add_and_other_keys_is_a_plain_value(ws):
@@ -296,11 +329,8 @@ def test_arrays_do_not_count_as_nesting_levels(ws):
     assert custom_attributes(ws, "u1") == {"deep": value}
 
 
-@pytest.mark.parametrize("name", ["$price", "$", ""])
-def test_invalid_attribute_names(ws, name):
-    r = attempt(ws, ok=1, **{name: 1})
-    only_error(r, ERR_ATTRIBUTE_NAME)
-    assert not exists(ws, "u1")
+def test_invalid_attribute_names(ws):
+    assert_none_exists(ws, refuse_each(ws, [{"ok": 1, name: 1} for name in ("$price", "$", "")], ERR_ATTRIBUTE_NAME))
 
 
 def test_attribute_name_length(ws):
@@ -390,109 +420,58 @@ def test_state_error_uses_the_state_left_by_earlier_objects(ws):
 # --- profile fields -----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", STRING_FIELDS)
-def test_string_profile_fields(ws, name):
-    put(ws, **{name: "v" * 255})
-    assert field(ws, "u1", name) == "v" * 255
-    for bad in ("w" * 256, 5, ["x"], {"a": "b"}, True):
-        only_error(attempt(ws, **{name: bad}), ERR_FIELD_STRING.format(field=name))
-    assert field(ws, "u1", name) == "v" * 255
+def test_string_profile_fields(ws):
+    users = put_each(ws, [{name: "v" * 255} for name in STRING_FIELDS])
+    assert [field(ws, user, name) for user, name in zip(users, STRING_FIELDS, strict=True)] == ["v" * 255] * len(users)
+    bad_values = ("w" * 256, 5, ["x"], {"a": "b"}, True)
+    r = track(ws, attributes=[{"external_id": user, name: bad} for user, name in zip(users, STRING_FIELDS, strict=True)
+                              for bad in bad_values])
+    assert errors(r) == [err(ERR_FIELD_STRING.format(field=name), "attributes", i)
+                         for i, name in enumerate(name for name in STRING_FIELDS for _ in bad_values)]
+    assert [field(ws, user, name) for user, name in zip(users, STRING_FIELDS, strict=True)] == ["v" * 255] * len(users)
 
 
-@pytest.mark.parametrize("dob", ["1990-05-17", "2024-02-29", "2000-12-31"])
-def test_valid_dob(ws, dob):
-    put(ws, dob=dob)
-    assert field(ws, "u1", "dob") == dob
+# (name, value given, value stored): one request stores them all, each on a user of its own
+VALID_FIELDS = [
+    *(("dob", dob, dob) for dob in ("1990-05-17", "2024-02-29", "2000-12-31")),
+    *(("gender", gender, gender) for gender in ("M", "F", "O", "N", "P")),
+    *(("country", given, stored) for given, stored in (("US", "US"), ("us", "US"), ("Fr", "FR"), ("de", "DE"))),
+    *(("language", given, stored) for given, stored in (("en", "en"), ("EN", "en"), ("Fr", "fr"))),
+    *(("time_zone", zone, zone) for zone in ("Europe/Paris", "America/New_York", "UTC", "Asia/Kolkata")),
+    *((name, state, state) for state in ("subscribed", "unsubscribed", "opted_in")
+      for name in ("email_subscribe", "push_subscribe")),
+    *(("last_coordinates", coords, coords) for coords in ([2.35, 48.85], [-180, -90], [180, 90], [0, 0])),
+]
 
 
-@pytest.mark.parametrize(
-    "dob",
-    ["2023-02-30", "2023-02-29", "1990-13-01", "1990-00-10", "1990-04-31", "1990-5-17",
-     "17-05-1990", "1990/05/17", "19900517", "1990-05-17T00:00:00", "", "soon", 19900517,
-     ["1990-05-17"]],
-)
-def test_invalid_dob(ws, dob):
-    r = attempt(ws, dob=dob, first_name="Ann", other=1)
-    only_error(r, ERR_DOB)
-    assert not exists(ws, "u1")
+def test_valid_profile_fields_are_stored_normalized(ws):
+    """Dates of birth, genders, countries (any case, stored upper), languages (any case, stored
+    lower), time zones, subscription states and coordinates."""
+    users = put_each(ws, [{name: given} for name, given, _ in VALID_FIELDS])
+    stored = [field(ws, user, name) for user, (name, _, _) in zip(users, VALID_FIELDS, strict=True)]
+    assert stored == [value for _, _, value in VALID_FIELDS]
 
 
-@pytest.mark.parametrize("gender", ["M", "F", "O", "N", "P"])
-def test_valid_gender(ws, gender):
-    put(ws, gender=gender)
-    assert field(ws, "u1", "gender") == gender
+INVALID_FIELDS = {
+    ERR_DOB: ("dob", ["2023-02-30", "2023-02-29", "1990-13-01", "1990-00-10", "1990-04-31", "1990-5-17",
+                      "17-05-1990", "1990/05/17", "19900517", "1990-05-17T00:00:00", "", "soon", 19900517,
+                      ["1990-05-17"]]),
+    ERR_GENDER: ("gender", ["X", "male", "", "MF", 1, "m", "f"]),
+    ERR_COUNTRY: ("country", ["USA", "XX", "zz", "U", "", "United States", 1]),
+    ERR_LANGUAGE: ("language", ["eng", "english", "xx", "e", "", "en-US", 5]),
+    ERR_TIME_ZONE: ("time_zone", ["Mars/Olympus", "Paris", "", "+02:00", 2]),
+    ERR_COORDINATES: ("last_coordinates", [[180.5, 0], [0, 90.1], [-181, 0], [0, -91], [1], [1, 2, 3], [],
+                                           "2.35,48.85", [1, "2"], {"lon": 1, "lat": 2}, [None, 1]]),
+    **{ERR_SUBSCRIBE.format(field=name): (name, ["SUBSCRIBED", "yes", "opted-in", "", True])
+       for name in ("email_subscribe", "push_subscribe")},
+}
 
 
-@pytest.mark.parametrize("gender", ["X", "male", "", "MF", 1, "m", "f"])
-def test_invalid_gender(ws, gender):
-    only_error(attempt(ws, gender=gender), ERR_GENDER)
-    assert not exists(ws, "u1")
-
-
-@pytest.mark.parametrize(("given", "stored"), [("US", "US"), ("us", "US"), ("Fr", "FR"), ("de", "DE")])
-def test_country_any_case_stored_upper(ws, given, stored):
-    put(ws, country=given)
-    assert field(ws, "u1", "country") == stored
-
-
-@pytest.mark.parametrize("country", ["USA", "XX", "zz", "U", "", "United States", 1])
-def test_invalid_country(ws, country):
-    only_error(attempt(ws, country=country), ERR_COUNTRY)
-    assert not exists(ws, "u1")
-
-
-@pytest.mark.parametrize(("given", "stored"), [("en", "en"), ("EN", "en"), ("Fr", "fr")])
-def test_language_any_case_stored_lower(ws, given, stored):
-    put(ws, language=given)
-    assert field(ws, "u1", "language") == stored
-
-
-@pytest.mark.parametrize("language", ["eng", "english", "xx", "e", "", "en-US", 5])
-def test_invalid_language(ws, language):
-    only_error(attempt(ws, language=language), ERR_LANGUAGE)
-    assert not exists(ws, "u1")
-
-
-@pytest.mark.parametrize("zone", ["Europe/Paris", "America/New_York", "UTC", "Asia/Kolkata"])
-def test_valid_time_zone(ws, zone):
-    put(ws, time_zone=zone)
-    assert field(ws, "u1", "time_zone") == zone
-
-
-@pytest.mark.parametrize("zone", ["Mars/Olympus", "Paris", "", "+02:00", 2])
-def test_invalid_time_zone(ws, zone):
-    only_error(attempt(ws, time_zone=zone), ERR_TIME_ZONE)
-    assert not exists(ws, "u1")
-
-
-@pytest.mark.parametrize("name", ["email_subscribe", "push_subscribe"])
-@pytest.mark.parametrize("state", ["subscribed", "unsubscribed", "opted_in"])
-def test_valid_subscribe_states(ws, name, state):
-    put(ws, **{name: state})
-    assert field(ws, "u1", name) == state
-
-
-@pytest.mark.parametrize("name", ["email_subscribe", "push_subscribe"])
-@pytest.mark.parametrize("state", ["SUBSCRIBED", "yes", "opted-in", "", True])
-def test_invalid_subscribe_states(ws, name, state):
-    only_error(attempt(ws, **{name: state}), ERR_SUBSCRIBE.format(field=name))
-    assert not exists(ws, "u1")
-
-
-@pytest.mark.parametrize("coords", [[2.35, 48.85], [-180, -90], [180, 90], [0, 0]])
-def test_valid_last_coordinates(ws, coords):
-    put(ws, last_coordinates=coords)
-    assert field(ws, "u1", "last_coordinates") == coords
-
-
-@pytest.mark.parametrize(
-    "coords",
-    [[180.5, 0], [0, 90.1], [-181, 0], [0, -91], [1], [1, 2, 3], [], "2.35,48.85", [1, "2"],
-     {"lon": 1, "lat": 2}, [None, 1]],
-)
-def test_invalid_last_coordinates(ws, coords):
-    only_error(attempt(ws, last_coordinates=coords), ERR_COORDINATES)
-    assert not exists(ws, "u1")
+@pytest.mark.parametrize("message", list(INVALID_FIELDS), ids=[name for name, _ in INVALID_FIELDS.values()])
+def test_invalid_profile_field_values(ws, message):
+    name, values = INVALID_FIELDS[message]
+    extra = {"first_name": "Ann", "other": 1} if name == "dob" else {}
+    assert_none_exists(ws, refuse_each(ws, [{name: value, **extra} for value in values], message))
 
 
 def test_invalid_profile_field_skips_the_whole_object(ws):
@@ -516,23 +495,23 @@ def test_profile_fields_are_checked_in_order(ws):
     )
 
 
-@pytest.mark.parametrize(
-    ("name", "value"),
-    [
-        ("first_name", "Ann"), ("last_name", "Lee"), ("dob", "1990-01-02"), ("gender", "F"),
-        ("country", "NO"), ("language", "nb"), ("home_city", "Oslo"), ("time_zone", "Europe/Oslo"),
-        ("email_subscribe", "opted_in"), ("push_subscribe", "subscribed"),
-        ("last_coordinates", [10.75, 59.91]), ("email", "ann@example.com"),
-        ("phone", "+4712345678"), ("attributed_source", "ads"),
-    ],
-)
-def test_null_clears_a_profile_field(ws, name, value):
-    put(ws, **{name: value}, first_name_guard="keep")
-    assert field(ws, "u1", name) == value
-    put(ws, **{name: None})
-    user = export_one(ws, "u1", ["external_id", name])
-    assert user == {"external_id": "u1"}
-    assert custom_attributes(ws, "u1") == {"first_name_guard": "keep"}
+CLEARABLE = [
+    ("first_name", "Ann"), ("last_name", "Lee"), ("dob", "1990-01-02"), ("gender", "F"),
+    ("country", "NO"), ("language", "nb"), ("home_city", "Oslo"), ("time_zone", "Europe/Oslo"),
+    ("email_subscribe", "opted_in"), ("push_subscribe", "subscribed"),
+    ("last_coordinates", [10.75, 59.91]), ("email", "ann@example.com"),
+    ("phone", "+4712345678"), ("attributed_source", "ads"),
+]
+
+
+def test_null_clears_a_profile_field(ws):
+    users = put_each(ws, [{name: value, "first_name_guard": "keep"} for name, value in CLEARABLE])
+    assert [field(ws, user, name) for user, (name, _) in zip(users, CLEARABLE, strict=True)] == [
+        value for _, value in CLEARABLE]
+    track_ok(ws, attributes=[{"external_id": user, name: None} for user, (name, _) in zip(users, CLEARABLE, strict=True)])
+    for user, (name, _) in zip(users, CLEARABLE, strict=True):
+        assert export_one(ws, user, ["external_id", name]) == {"external_id": user}, name
+        assert custom_attributes(ws, user) == {"first_name_guard": "keep"}
 
 
 def test_push_opted_in_at_is_set_when_push_becomes_opted_in(tmp_path):
