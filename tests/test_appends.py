@@ -143,3 +143,18 @@ def test_raised_prefix_bounds_every_longer_string():
     assert top is not None and len(top) == 64 and top > long and top == "x" * 63 + "z"
     assert appends._prefix("é" * 40) == "é" * 32 and appends._prefix("a" + "é" * 40) == "a" + "é" * 31
     assert appends._raised_prefix("\U0010ffff" * 70) is None
+
+
+def test_a_big_stream_rolls_over_to_new_files_at_whole_row_groups(tmp_path, monkeypatch):
+    path = _table(tmp_path)
+    rows = pl.concat([ROWS] * 2_000)  # 10,000 rows
+    reader = pa.RecordBatchReader.from_batches(ROWS.to_arrow().schema, rows.to_arrow().to_batches(max_chunksize=700))
+    options = appends.FileOptions(row_group_rows=1024)
+    monkeypatch.setattr(appends, "STREAM_CHUNK_GROUPS", 2)  # chunks of 2,048 rows: a file each here
+    written = appends.write_files(path, reader, ROWS.to_arrow().schema, options, file_bytes=1)
+    assert len(written) == 5 and sum(n for _, n in written) == 10_000
+    appends.commit(path, 1, [add for add, _ in written], 10_000)
+    for file in DeltaTable(path).file_uris():
+        meta = pq.ParquetFile(file).metadata
+        assert all(meta.row_group(g).num_rows == 1024 for g in range(meta.num_row_groups - 1))
+    assert pl.read_delta(path).sort("n", "key", nulls_last=True).equals(rows.sort("n", "key", nulls_last=True))

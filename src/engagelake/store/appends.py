@@ -157,9 +157,9 @@ def write_file(folder: str, data: pa.Table | pa.RecordBatchReader, schema: pa.Sc
 
 
 def write_files(folder: str, data: pa.Table | pa.RecordBatchReader, schema: pa.Schema, options: FileOptions,
-                *, file_rows: int | None = None, into: str | None = None) -> list[tuple[dict[str, Any], int]]:
+                *, file_bytes: int | None = None, into: str | None = None) -> list[tuple[dict[str, Any], int]]:
     """Write `data` (cast to `schema`) as Parquet files of the table in `folder`, a new file
-    after each `file_rows` rows or so (at a row group's end; None: one file); returns each
+    once one holds `file_bytes` or so (at a row group's end; None: one file); returns each
     file's add action and row count. `into`: a folder to write them in instead (the add
     actions name them as files of `folder`: the caller moves them there, `move_in`). On an
     error no file of them is left."""
@@ -180,8 +180,9 @@ def write_files(folder: str, data: pa.Table | pa.RecordBatchReader, schema: pa.S
             if chunk.num_rows == 0:
                 continue
             chunk = chunk.cast(schema) if chunk.schema != schema else chunk
-            if current is not None and file_rows is not None and current[2].rows >= file_rows:
-                close()
+            if (current is not None and file_bytes is not None
+                    and os.path.getsize(os.path.join(into or folder, current[1])) >= file_bytes):
+                close()  # the writer has written every row group but the last chunk's footer
                 current = None
             if current is None:
                 name = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
