@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 
 import duckdb
+import orjson
 import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -158,3 +159,30 @@ def test_a_big_stream_rolls_over_to_new_files_at_whole_row_groups(tmp_path, monk
         meta = pq.ParquetFile(file).metadata
         assert all(meta.row_group(g).num_rows == 1024 for g in range(meta.num_row_groups - 1))
     assert pl.read_delta(path).sort("n", "key", nulls_last=True).equals(rows.sort("n", "key", nulls_last=True))
+
+
+def test_a_stream_that_fails_midway_leaves_no_file(tmp_path):
+    path = _table(tmp_path)
+
+    def batches():
+        yield ROWS.to_arrow().to_batches()[0]
+        raise OSError("the source went away")
+
+    reader = pa.RecordBatchReader.from_batches(ROWS.to_arrow().schema, batches())
+    with pytest.raises(OSError, match="went away"):
+        appends.write_files(path, reader, ROWS.to_arrow().schema, appends.FileOptions())
+    assert [f for f in os.listdir(path) if f.endswith(".parquet")] == []
+
+
+def test_a_stream_without_a_row_group_size_writes_a_group_per_batch(tmp_path):
+    path = _table(tmp_path)
+    reader = pa.RecordBatchReader.from_batches(ROWS.to_arrow().schema, ROWS.to_arrow().to_batches(max_chunksize=2))
+    _append(path, reader)
+    [file] = DeltaTable(path).file_uris()
+    assert pq.ParquetFile(file).num_row_groups == 3
+
+
+def test_a_string_with_no_short_upper_bound_has_no_bounds():
+    stats = appends._Stats()
+    stats.add(pa.table({"k": ["\U0010ffff" * 70, "a"]}), ["k"])
+    assert orjson.loads(stats.json()) == {"numRecords": 2, "minValues": {}, "maxValues": {}, "nullCount": {"k": 0}}

@@ -322,3 +322,27 @@ def test_a_merge_pass_leaves_a_dead_compaction_to_the_next_writer(tmp_path: Path
     assert not ws.store._compaction_marker().exists()
     assert sorted(ws.table("external_ids").collect()["external_id"].to_list()) == ["u0", "u1", "u9"]
     assert ws.store.merge_errors == []
+
+
+def test_the_pass_under_the_lock_merges_like_the_one_that_publishes_under_it(tmp_path: Path) -> None:
+    """Object storage keeps the merge pass that holds the writer lock throughout and rewrites
+    each table with delta-rs (`_merge_runs_locked`); on the same runs it leaves what the local
+    pass (merged files written outside the lock, published under it) leaves."""
+    stores = [open_ws(tmp_path, name) for name in ("local", "locked")]
+    for ws in stores:
+        ws.store.merge_trigger = NEVER
+        track_ok(ws, attributes=[{"external_id": f"u{n}", "score": n, "nick": "x"} for n in range(6)])
+        track_ok(ws, attributes=[{"external_id": "u1", "score": None}], events=[{"external_id": "u2", "name": "e",
+                                                                                  "time": "2026-11-22T11:00:00Z"}])
+        ws.call("POST", "/users/delete", {"external_ids": ["u3"]})
+        ws.store.merge_trigger = 0
+    local, locked = stores
+    assert set(local.store.merge_runs()) == set(locked.store._merge_runs_locked(None)) >= {"profiles", "attributes"}
+    layouts = []
+    for ws in stores:
+        ws.store.refresh()
+        layouts.append({name: [run.rows for run in ws.store.runs(name, ws.store.head.versions.get(name))]
+                        for name in SORT_BY})
+    assert layouts[0] == layouts[1] and len(layouts[0]["profiles"]) == 1
+    assert state_snapshot(local) == state_snapshot(locked)
+    assert not (Path(local.store.uri) / "_merging").exists() or not any((Path(local.store.uri) / "_merging").iterdir())

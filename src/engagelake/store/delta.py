@@ -891,11 +891,15 @@ class DeltaStore:
                     self._keep_actions(name, versions[name], kept)
                 merged.append(name)
                 _failpoint(f"merge:{name}")
-            if merged:
-                _failpoint("before_merge_ledger")
-                self._append_ledger(head.batch_no + 1, None, versions, head.next_profile_n, head.next_update_seq,
-                                    head.seed, [], kind="merge")
+            self._merge_ledger_row(head, versions, merged)
         return merged, dict(head.versions), versions
+
+    def _merge_ledger_row(self, head: Head, versions: dict[str, int], merged: list[str]) -> None:
+        """The ledger row of kind "merge" that publishes the tables `merged` (none: no row)."""
+        if merged:
+            _failpoint("before_merge_ledger")
+            self._append_ledger(head.batch_no + 1, None, versions, head.next_profile_n, head.next_update_seq,
+                                head.seed, [], kind="merge")
 
     def _merged_files(self, name: str, runs: list[merging.Run], *, bottom: bool,
                       into: str) -> list[tuple[dict[str, Any], int]]:
@@ -930,10 +934,7 @@ class DeltaStore:
                     versions[name] = self._merge(name, chosen, bottom=len(chosen) == len(runs))
                     merged.append(name)
                     _failpoint(f"merge:{name}")
-            if merged:
-                _failpoint("before_merge_ledger")
-                self._append_ledger(head.batch_no + 1, None, versions, head.next_profile_n, head.next_update_seq,
-                                    head.seed, [], kind="merge")
+            self._merge_ledger_row(head, versions, merged)
         return merged
 
     def index_footers(self, name: str, files: list[str] | None = None) -> int:
