@@ -204,3 +204,18 @@ def test_compaction_drops_a_deleted_users_submits_and_publishes_the_copy_again(t
         if path.is_file() and path.suffix in (".json", ".parquet"):
             text = path.read_bytes() if path.suffix == ".json" else str(pl.read_parquet(path).to_dicts()).encode()
             assert b"victim@example.com" not in text, path
+
+
+def test_compaction_removes_a_log_entry_a_killed_writer_never_linked(tmp_path: Path) -> None:
+    """A writer killed between writing a log entry and linking it in leaves a temporary file in
+    `_delta_log` holding statistics of values (an email here): compaction removes it."""
+    ws = Workspace.open(tmp_path / "store", clock=lambda: NOW, seed=SEED)
+    ws.call("POST", TRACK, {"attributes": [{"external_id": "victim", "email": "victim@example.com"}]})
+    log = tmp_path / "store" / "profiles" / "_delta_log"
+    entry = sorted(log.glob("*.json"))[-1]
+    left = log / "_commit_0f0f0f0f-0000-0000-0000-000000000000.json.tmp"
+    left.write_bytes(entry.read_bytes())  # what the killed writer had written
+    assert b"victim@example.com" in left.read_bytes()
+    ws.call("POST", "/users/delete", {"external_ids": ["victim"]})
+    ws.compact()
+    assert not left.exists() and list(log.glob("*.tmp")) == []

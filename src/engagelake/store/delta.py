@@ -1168,6 +1168,10 @@ class DeltaStore:
         table = DeltaTable(self._path(name))
         table.create_checkpoint()
         table.cleanup_metadata()
+        # a writer killed between writing a log entry and linking it in left its temporary file
+        # (`store/appends.py`; delta-rs names its own so too): it holds statistics of values
+        for left in (Path(self._path(name)) / "_delta_log").glob("_commit_*.json.tmp"):
+            left.unlink(missing_ok=True)
         return table
 
     def _compaction_marker(self) -> Path:
