@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from functools import partial
+from functools import cache, partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
@@ -245,6 +245,7 @@ def _stored_schema(name: str) -> dict[str, pl.DataType]:
     return schema
 
 
+@cache  # a commit asks for it once per table written
 def _arrow_schema(name: str) -> pa.Schema:
     """The stored schema as Arrow writes it (what DuckDB's batches are cast to)."""
     return pl.DataFrame(schema=_stored_schema(name)).to_arrow().schema
@@ -322,6 +323,7 @@ class DeltaStore:
         self._files: dict[tuple[str, int], list[str]] = {}  # data files per table version
         self._tables: dict[tuple[str, int], DeltaTable] = {}  # their loaded logs
         self._actions: dict[tuple[str, int], pa.Table] = {}  # their add actions, with file statistics
+        self._runs: dict[tuple[str, int], list[merging.Run]] = {}  # their runs, from the actions (`runs`)
         self._written: dict[str, DeltaTable] = {}  # each table at its newest version, for writes (`_latest`)
         self._heads: dict[str, tuple[int, frozenset[str]]] = {}  # each table's newest version and columns (`_newest`)
         # per table version and column: each data file's (min, max) from the Delta log's statistics
@@ -714,8 +716,13 @@ class DeltaStore:
         if version is None:
             return []
         with self._cache_lock:
-            actions = self._actions_at(name, version)
-        return merging.runs_of(pl.DataFrame(actions), self._path(name))
+            runs = self._runs.get((name, version))
+            if runs is None:  # a commit asks for each table it wrote (3.6 ms a time under cProfile)
+                if len(self._runs) > 4 * len(STORED):
+                    self._runs.clear()
+                runs = self._runs[(name, version)] = merging.runs_of(
+                    pl.DataFrame(self._actions_at(name, version)), self._path(name))
+            return runs
 
     def snapshot(self) -> Snapshot:
         """The committed tables at the current head, read on demand (nothing is read here)."""
