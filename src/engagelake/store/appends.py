@@ -182,7 +182,7 @@ def write_files(folder: str, data: pa.Table | pa.RecordBatchReader, schema: pa.S
             chunk = chunk.cast(schema) if chunk.schema != schema else chunk
             if (current is not None and file_bytes is not None
                     and os.path.getsize(os.path.join(into or folder, current[1])) >= file_bytes):
-                close()  # the writer has written every row group but the last chunk's footer
+                close()  # the file holds every row group written so far: only its footer is to come
                 current = None
             if current is None:
                 name = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"

@@ -286,8 +286,8 @@ def _search_texts(texts: pl.DataFrame, rel: str, place: str, table: str | None,
         return
     for value in values:
         whole = _holds(pl.col("text"), value)
-        # not hot: one row per place found (a column of a file), after the vectorized match
-        for column, detail in texts.filter(whole).select("column", "detail").unique(maintain_order=True).iter_rows():
+        found = texts.filter(whole).select("column", "detail").unique(maintain_order=True)
+        for column, detail in found.iter_rows():  # not hot: one row per place found, after the vectorized match
             yield Occurrence(rel, place, table, column, value, detail)
         cut = texts.filter(_cut_copy(pl.col("text"), value) & ~whole).unique(["column", "detail"], maintain_order=True)
         for column, detail, text in cut.select("column", "detail", "text").iter_rows():  # places found, as above
