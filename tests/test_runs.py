@@ -80,12 +80,14 @@ def test_read_where_equals_a_filter(tmp_path_factory, files, group, wanted, unso
     try:
         got = read_where(paths, "k", values, footers, SCHEMA)
         again = read_where(paths, "k", values, footers, SCHEMA)  # a file sieved before: by its key index
+        projected = read_where(paths, "k", values, footers, SCHEMA, ["v"])  # the probe column not asked for
     finally:
         runs.SIEVE_CACHE_ROWS = limit
     every = pl.concat(frames) if frames else pl.DataFrame(schema=SCHEMA)
     expected = every.filter(pl.col("k").is_in(values.implode()))
     assert sorted(got.rows()) == sorted(expected.rows())
     assert sorted(again.rows()) == sorted(expected.rows())
+    assert projected.columns == ["v"] and sorted(projected["v"]) == sorted(expected["v"])
     if indexed:
         assert footers.footers_parsed == 0
 
@@ -273,3 +275,23 @@ def test_the_footer_budget_is_half_the_memory_budget() -> None:
     assert runs.footer_budget("2GB") == 1_000_000_000
     assert runs.footer_budget("512MiB") == 256 * 2**20
     assert runs.footer_budget(None) == runs.footer_budget("lots") == runs.FOOTER_CACHE_BYTES
+
+
+def test_a_point_read_decodes_only_the_columns_asked_for(tmp_path, monkeypatch) -> None:
+    """The log reads of an export skip the properties (`HISTORY_READ`): pyarrow is asked for the
+    probe column and the columns wanted, nothing else."""
+    path = tmp_path / "f.parquet"
+    frame = pl.DataFrame({"k": [f"{i:04d}" for i in range(4_000)], "v": range(4_000), "big": ["x" * 50] * 4_000})
+    frame.write_parquet(path, row_group_size=100)
+    asked = []
+    read = pq.ParquetFile.read_row_groups
+
+    def spy(self, row_groups, columns=None, **kwargs):  # pyarrow's reader, watched
+        asked.append(columns)
+        return read(self, row_groups, columns=columns, **kwargs)
+
+    monkeypatch.setattr(pq.ParquetFile, "read_row_groups", spy)
+    schema = {"k": pl.String(), "v": pl.Int64(), "big": pl.String()}
+    got = read_where([str(path)], "k", pl.Series(["0007", "3999"]), FooterCache(), schema, ["v"])
+    assert got.to_dict(as_series=False) == {"v": [7, 3_999]}
+    assert asked == [["k", "v"]]

@@ -18,7 +18,7 @@ import polars as pl
 
 from engagelake.tables.changes import Changes, remap_history
 from engagelake.tables.partial import PARTIAL, SET, fold_over, newest, sets
-from engagelake.tables.schema import HISTORY, INDEXES, KEYS, SCHEMAS, TABLES, empty
+from engagelake.tables.schema import HISTORY, INDEXES, KEYS, SCHEMAS, TABLES, empty, read_back
 from engagelake.tables.source import STAGED, RowSource
 
 __all__ = ["Changes", "State", "apply_changes"]
@@ -126,13 +126,14 @@ class State:
     def rows_where(self, name: str, column: str, values: Any) -> pl.DataFrame:
         """Current rows of `name` whose `column` is one of `values`, reading from the store only
         the values not looked up before in this batch. For the event and purchase logs `column`
-        must be `service_id`: the rows of merged profiles redirected into them are included."""
+        must be `service_id`: the rows of merged profiles redirected into them are included.
+        The rows hold the columns `read_back(name)` names."""
         if not self._may_hold(name):  # nothing stored, nothing written: no answer to look for
-            return self.known[name]
+            return self.known[name].select(read_back(name))
         wanted = _values(values, self.known[name].schema[column])
         self._resolve_pending(name, column, wanted)
         if name in self.whole:
-            return self.known[name].filter(pl.col(column).is_in(wanted.implode()))
+            return self.known[name].filter(pl.col(column).is_in(wanted.implode())).select(read_back(name))
         if name in HISTORY:
             return self._history(name, column, wanted)
         self._probe(name, column, wanted)
@@ -295,7 +296,7 @@ class State:
         redirects = self.rows_where("redirects", "service_id", ids)
         stored = self.logs[name][1].filter(pl.col("service_id").is_in(ids.implode()))
         stored = remap_history(stored, redirects).filter(pl.col("service_id").is_in(users.implode()))
-        mine = self.known[name].filter(pl.col("service_id").is_in(users.implode()))
+        mine = self.known[name].filter(pl.col("service_id").is_in(users.implode())).select(read_back(name))
         return pl.concat([stored, mine], how="vertical_relaxed")
 
     def _history_ids(self, users: pl.Series) -> pl.Series:

@@ -73,6 +73,7 @@ from engagelake.tables.schema import (
     TABLES,
     UTC_TS,
     empty,
+    read_back,
 )
 
 if TYPE_CHECKING:
@@ -1285,26 +1286,29 @@ class Snapshot:
             rows = newest(name, rows).filter(~pl.col("_deleted"))
         return rows.select(list(SCHEMAS[name]))
 
-    def _read_where(self, name: str, column: str, values: pl.Series) -> pl.DataFrame:
-        """Stored rows (all versions) of `name` whose `column` is one of `values`: by fence
-        pointers on the sort column, else a scan of that column with predicate pushdown."""
+    def _read_where(self, name: str, column: str, values: pl.Series,
+                    columns: list[str] | None = None) -> pl.DataFrame:
+        """Stored rows (all versions) of `name` whose `column` is one of `values`, in
+        `columns` (None: all): by fence pointers on the sort column, else a scan of that
+        column with predicate pushdown."""
         if column == SORT_BY.get(name):
             files = self.files(name)
             if len(files) > 1 and values.len() <= FILE_STATS_MAX_VALUES:
                 files = files_holding(files, self.store.file_ranges(name, self.head.versions[name], column), values)
-            return read_where(files, column, values, self.store.footers, _stored_schema(name))
+            return read_where(files, column, values, self.store.footers, _stored_schema(name), columns)
         self.store.column_scans.append((name, column))
         rows = self._stored(name)
         assert rows is not None
-        return rows.filter(pl.col(column).is_in(values.implode())).collect()
+        rows = rows.filter(pl.col(column).is_in(values.implode()))
+        return (rows if columns is None else rows.select(columns)).collect()
 
     def probe(self, name: str, column: str, values: pl.Series, held: pl.DataFrame | None = None) -> pl.DataFrame:
         if not self.files(name) or values.len() == 0:
-            return empty(name)
+            return empty(name).select(read_back(name))
         key = KEYS[name]
         if key is None:
-            hits = self._read_where(name, column, values)
-            return hits.sort("_batch", maintain_order=True).select(list(SCHEMAS[name]))
+            hits = self._read_where(name, column, values, [*read_back(name), "_batch"])
+            return hits.sort("_batch", maintain_order=True).select(read_back(name))
         if column in key:  # every row of a matching key matches: one pass
             hits = self._read_where(name, column, values)
         else:  # a secondary column: the keys that ever had the value, then their newest rows

@@ -383,9 +383,10 @@ def files_holding(paths: list[str], ranges: dict[str, tuple[str | None, str | No
 
 
 def read_where(paths: list[str], column: str, values: pl.Series, footers: FooterCache,
-               schema: dict[str, pl.DataType]) -> pl.DataFrame:
-    """Rows of the files whose `column` is one of `values`, reading only the row groups whose
-    fences admit them (whole files when a file has no fences)."""
+               schema: dict[str, pl.DataType], columns: list[str] | None = None) -> pl.DataFrame:
+    """Rows of the files whose `column` is one of `values`, in `columns` (None: all of
+    `schema`), reading only the row groups whose fences admit them (whole files when a file
+    has no fences)."""
     unique = values.unique()
     low, high = unique.min(), unique.max()
     picked: list[pa.Table] = []
@@ -427,22 +428,25 @@ def read_where(paths: list[str], column: str, values: pl.Series, footers: Footer
             point_reads.append((fence.footer, groups))
     if point_reads:  # filter in Arrow first: only the matching rows are converted to Polars
         assert sorted_keys is not None
-        picked = _read_groups(point_reads, column, sorted_keys[1])
+        picked = _read_groups(point_reads, column, sorted_keys[1], columns)
     footers.count_groups(sum(fence.footer.num_row_groups for path, fence in zip(paths, fences, strict=True)
                               if path in whole))
-    frames = [_scan(whole, schema).filter(pl.col(column).is_in(values.implode())).collect()] if whole else []
+    wanted = schema if columns is None else {c: schema[c] for c in columns}
+    frames = [_scan(whole, schema).filter(pl.col(column).is_in(values.implode())).select(list(wanted)).collect()
+              ] if whole else []
     if picked:
-        frames.append(_conformed(picked, schema))
-    return pl.concat(frames) if frames else pl.DataFrame(schema=schema)
+        frames.append(_conformed(picked, wanted))
+    return pl.concat(frames) if frames else pl.DataFrame(schema=wanted)
 
 
-def _read_groups(reads: list[tuple[Footer, list[int]]], column: str, exact: pa.Array) -> list[pa.Table]:
+def _read_groups(reads: list[tuple[Footer, list[int]]], column: str, exact: pa.Array,
+                 columns: list[str] | None) -> list[pa.Table]:
     """The rows of each file's row groups whose `column` is one of `exact`; files are read side
     by side (pyarrow reads and filters without the GIL: an export's probe reads a few row
     groups of each of 5 to 10 files)."""
     def read(task: tuple[Footer, list[int]]) -> pa.Table:
         file, groups = task[0].open(task[1])
-        rows = file.read_row_groups(groups)
+        rows = file.read_row_groups(groups, columns=None if columns is None else [*dict.fromkeys([column, *columns])])
         return rows.filter(pc.is_in(rows.column(column), exact))
     return list(_read_pool().map(read, reads)) if len(reads) > 1 else [read(reads[0])]
 

@@ -25,7 +25,7 @@ from engagelake.store import scratch
 from engagelake.store.runs import SORT_BY, sort_order
 from engagelake.tables.changes import Changes
 from engagelake.tables.partial import PARTIAL, SET, field_bits, fold_over, fold_pair, newest
-from engagelake.tables.schema import KEYS, SCHEMAS
+from engagelake.tables.schema import KEYS, SCHEMAS, read_back
 from engagelake.tables.source import STAGED, RowSource
 
 PREFIX = scratch.prefix("stages")  # then the owner's process ID
@@ -235,7 +235,7 @@ class StagedSource:
         if name in PARTIAL:
             mine = self._fold_partial(name, mine, found)
         return pl.concat([stored.with_columns(pl.lit(False).alias(STAGED)),
-                          mine.select(list(SCHEMAS[name])).with_columns(pl.lit(True).alias(STAGED))],
+                          mine.select(read_back(name)).with_columns(pl.lit(True).alias(STAGED))],
                          how="vertical_relaxed")
 
     def _fold_partial(self, name: str, mine: pl.DataFrame, found: pl.DataFrame) -> pl.DataFrame:

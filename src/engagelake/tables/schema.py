@@ -83,6 +83,12 @@ KEYS: dict[str, tuple[str, ...] | None] = {
 
 # logs whose rows follow redirects to the surviving profile (never rewritten by a batch)
 HISTORY = ("events", "purchases")
+# What a batch reads back of those logs (an export's summaries and revenue): their other
+# columns, the properties above all, are written and never read by a batch (`read_back`)
+HISTORY_READ = {
+    "events": ("service_id", "name", "time"),
+    "purchases": ("service_id", "product_id", "time", "price", "quantity"),
+}
 
 USER_TABLES = tuple(SCHEMAS)  # the user tables; resource tables follow
 
@@ -134,3 +140,8 @@ def conform(name: str, frame: pl.DataFrame) -> pl.DataFrame:
             for c, t in schema.items()
         ]
     )
+
+
+def read_back(name: str) -> list[str]:
+    """The columns of `name` a probe answers: every column, or `HISTORY_READ`'s."""
+    return list(HISTORY_READ.get(name, SCHEMAS[name]))

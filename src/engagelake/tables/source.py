@@ -16,8 +16,9 @@ STAGED = "_staged"
 
 class RowSource(Protocol):
     def probe(self, name: str, column: str, values: pl.Series, held: pl.DataFrame | None = None) -> pl.DataFrame:
-        """Current stored rows of `name` whose `column` is one of `values` (log tables: the
-        stored rows as written, history not remapped through redirects). `held` lists keys
+        """Current stored rows of `name` whose `column` is one of `values`, in the columns
+        `read_back(name)` names (log tables: the stored rows as written, history not
+        remapped through redirects). `held` lists keys
         whose rows the caller already has: rows of those keys may be left out. The rows may
         carry a `STAGED` column."""
         ...
