@@ -431,12 +431,12 @@ def read_where(paths: list[str], column: str, values: pl.Series, footers: Footer
         picked = _read_groups(point_reads, column, sorted_keys[1], columns)
     footers.count_groups(sum(fence.footer.num_row_groups for path, fence in zip(paths, fences, strict=True)
                               if path in whole))
-    wanted = schema if columns is None else {c: schema[c] for c in columns}
-    frames = [_scan(whole, schema).filter(pl.col(column).is_in(values.implode())).select(list(wanted)).collect()
+    shown = schema if columns is None else {c: schema[c] for c in columns}
+    frames = [_scan(whole, schema).filter(pl.col(column).is_in(values.implode())).select(list(shown)).collect()
               ] if whole else []
     if picked:
-        frames.append(_conformed(picked, wanted))
-    return pl.concat(frames) if frames else pl.DataFrame(schema=wanted)
+        frames.append(_conformed(picked, shown))
+    return pl.concat(frames) if frames else pl.DataFrame(schema=shown)
 
 
 def _read_groups(reads: list[tuple[Footer, list[int]]], column: str, exact: pa.Array,
