@@ -161,21 +161,6 @@ def test_a_big_stream_rolls_over_to_new_files_at_whole_row_groups(tmp_path, monk
     assert pl.read_delta(path).sort("n", "key", nulls_last=True).equals(rows.sort("n", "key", nulls_last=True))
 
 
-def test_a_file_rolls_over_at_a_number_of_row_groups(tmp_path, monkeypatch):
-    """`file_groups` bounds a file's footer (an entry per row group and column): a merged run
-    of small row groups spreads over several files."""
-    path = _table(tmp_path)
-    rows = pl.concat([ROWS] * 2_000)  # 10,000 rows
-    reader = pa.RecordBatchReader.from_batches(ROWS.to_arrow().schema, rows.to_arrow().to_batches(max_chunksize=700))
-    monkeypatch.setattr(appends, "STREAM_CHUNK_GROUPS", 4)  # chunks of 4 row groups of 256 rows
-    written = appends.write_files(path, reader, ROWS.to_arrow().schema, appends.FileOptions(row_group_rows=256),
-                                  file_groups=8)
-    appends.commit(path, 1, [add for add, _ in written], 10_000)
-    groups = [pq.ParquetFile(file).metadata.num_row_groups for file in DeltaTable(path).file_uris()]
-    assert sorted(groups) == [8, 8, 8, 8, 8]  # 40 row groups of 256 rows, the last one short
-    assert pl.read_delta(path).sort("n", "key", nulls_last=True).equals(rows.sort("n", "key", nulls_last=True))
-
-
 def test_a_stream_that_fails_midway_leaves_no_file(tmp_path):
     path = _table(tmp_path)
 

@@ -157,16 +157,14 @@ def write_file(folder: str, data: pa.Table | pa.RecordBatchReader, schema: pa.Sc
 
 
 def write_files(folder: str, data: pa.Table | pa.RecordBatchReader, schema: pa.Schema, options: FileOptions,
-                *, file_bytes: int | None = None, file_groups: int | None = None,
-                into: str | None = None) -> list[tuple[dict[str, Any], int]]:
+                *, file_bytes: int | None = None, into: str | None = None) -> list[tuple[dict[str, Any], int]]:
     """Write `data` (cast to `schema`) as Parquet files of the table in `folder`, a new file
-    once one holds `file_bytes` or `file_groups` row groups, or so (at a written chunk's end;
-    None: no such limit); returns each file's add action and row count. `into`: a folder to
-    write them in instead (the add actions name them as files of `folder`: the caller moves
-    them there, `move_in`). On an error no file of them is left."""
+    once one holds `file_bytes` or so (at a row group's end; None: one file); returns each
+    file's add action and row count. `into`: a folder to write them in instead (the add
+    actions name them as files of `folder`: the caller moves them there, `move_in`). On an
+    error no file of them is left."""
     done: list[tuple[dict[str, Any], int]] = []
     current: tuple[pq.ParquetWriter, str, _Stats] | None = None
-    groups = 0  # row groups in the current file
     columns = schema.names if options.statistics is None else list(options.statistics)
 
     def close() -> None:
@@ -182,14 +180,11 @@ def write_files(folder: str, data: pa.Table | pa.RecordBatchReader, schema: pa.S
             if chunk.num_rows == 0:
                 continue
             chunk = chunk.cast(schema) if chunk.schema != schema else chunk
-            if current is not None and (
-                    (file_groups is not None and groups >= file_groups)
-                    or (file_bytes is not None
-                        and os.path.getsize(os.path.join(into or folder, current[1])) >= file_bytes)):
+            if (current is not None and file_bytes is not None
+                    and os.path.getsize(os.path.join(into or folder, current[1])) >= file_bytes):
                 close()  # the file holds every row group written so far: only its footer is to come
                 current = None
             if current is None:
-                groups = 0
                 name = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
                 current = (pq.ParquetWriter(
                     os.path.join(into or folder, name), schema, compression="snappy",
@@ -197,7 +192,6 @@ def write_files(folder: str, data: pa.Table | pa.RecordBatchReader, schema: pa.S
                     write_statistics=True if options.statistics is None else list(options.statistics)),
                     name, _Stats())
             current[0].write_table(chunk, row_group_size=options.row_group_rows or chunk.num_rows)
-            groups += -(-chunk.num_rows // (options.row_group_rows or chunk.num_rows))
             current[2].add(chunk, columns)
         if current is not None:
             close()

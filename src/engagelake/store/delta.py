@@ -20,7 +20,6 @@ but no ledger is refused. Damage (a log entry or data file missing or unreadable
 
 from __future__ import annotations
 
-import dataclasses
 import errno
 import fcntl
 import os
@@ -132,13 +131,6 @@ MERGING = "_merging"  # a merge pass's files before they are published (`merge_r
 # bytes per file of a merged run, as delta-rs cut them (fewer files: a probe of the run opens
 # fewer; 2M-row files made a warm export of 50 users at 10M 9% slower)
 MERGED_FILE_BYTES = 100 << 20
-# A merged run holds most of a table's rows, so most point reads land there: its row groups are
-# small (a point read decodes whole row groups; see `runs.ROW_GROUP_ROWS`). A file's footer
-# holds an entry per row group and column, which a writer and a whole-footer parse hold in
-# memory (about 1 KB each): a file rolls over at as many entries as a 1,024-row profiles file
-# of 100 MiB held (1,809 row groups of 31 columns), so narrow tables keep bigger files.
-MERGED_GROUP_ROWS = 256
-MERGED_FILE_ENTRIES = 56_000
 CREATING = "_creating"  # marker file: a store is being created (its ledger is written last)
 WRITER_LOCK = "_writer.lock"
 MERGE_ENV = "ENGAGELAKE_MERGE_TRIGGER"  # runs a table may hold before a batch merges (tuning, tests)
@@ -928,11 +920,9 @@ class DeltaStore:
         with merging.connection(self.memory_limit) as con:
             sql = merging.merge_sql(name, list(_stored_schema(name)), KEYS[name], order, files, since=runs[-1].first,
                                     bottom=bottom, fold=any(run.partial for run in runs))
-            schema = _arrow_schema(name)
-            options = dataclasses.replace(file_options(name), row_group_rows=MERGED_GROUP_ROWS)
-            written = appends.write_files(self._path(name), merging.stream(con, sql, schema), schema, options,
-                                          file_bytes=MERGED_FILE_BYTES,
-                                          file_groups=max(MERGED_FILE_ENTRIES // len(schema), 1), into=into)
+            written = appends.write_files(self._path(name), merging.stream(con, sql, _arrow_schema(name)),
+                                          _arrow_schema(name), file_options(name), file_bytes=MERGED_FILE_BYTES,
+                                          into=into)
         self.merges.append((name, len(runs), time.perf_counter() - started))
         return written
 
