@@ -74,6 +74,21 @@ def test_a_track_batch_reads_only_its_users_and_never_history(tmp_path: Path) ->
     assert sum(n for _, _, n in reads) < 30
 
 
+def test_a_batch_of_new_users_looks_up_no_attributes(tmp_path: Path) -> None:
+    """A profile the batch creates has no stored attributes: its custom attributes are written
+    without a probe (a batch of new users searched every run of the table for each of them)."""
+    ws = Workspace.open(_build(tmp_path), clock=lambda: NOW)
+    r = ws.call("POST", TRACK, {"attributes": [
+        {"external_id": "fresh1", "plan": "x", "visits": {"inc": 2}},
+        {"external_id": "fresh2", "tags": {"add": ["a"]}, "email": "fresh2@x.io"},
+        {"external_id": "fresh1", "visits": {"inc": 1}}]})
+    assert r.status == 201 and "errors" not in r.body
+    assert not any(name == "attributes" for name, _, _ in ws.last_reads), ws.last_reads
+    export = ws.call("POST", EXPORT, {"external_ids": ["fresh1", "fresh2"], "fields_to_export": ["custom_attributes"]})
+    assert export.body["users"] == [{"custom_attributes": {"plan": "x", "visits": 3}},
+                                    {"custom_attributes": {"tags": ["a"]}}]
+
+
 def test_an_email_batch_reads_the_holders_of_its_emails(tmp_path: Path) -> None:
     ws = Workspace.open(_build(tmp_path), clock=lambda: NOW)
     r = ws.call("POST", TRACK, {"attributes": [

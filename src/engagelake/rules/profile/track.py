@@ -41,8 +41,11 @@ class TrackOutcome:
     next_update_seq: int
 
 
+TEMP_PREFIX = "~"  # a temporary ID names a profile a pass creates (no service ID starts so)
+
+
 def _temp_id(seq: pl.Expr, pos: pl.Expr) -> pl.Expr:
-    return pl.format("~{}:{}", seq, pos)
+    return pl.format(TEMP_PREFIX + "{}:{}", seq, pos)
 
 
 def service_ids(seed: str, ordinals: pl.Series) -> pl.Series:
@@ -370,7 +373,9 @@ class _Batch:
             .join(self.rejected_prev.select("seq", applied=pl.lit(False)), on="seq", how="left")
             .with_columns(pl.col("applied").fill_null(True))
         )
-        errs = attribute_errors(ops, self.state.rows_where("attributes", "service_id", ops["service_id"]))
+        # a profile this pass creates (a temporary ID here) has no attributes yet: not looked up
+        stored = ops.filter(~pl.col("service_id").str.starts_with(TEMP_PREFIX))["service_id"]
+        errs = attribute_errors(ops, self.state.rows_where("attributes", "service_id", stored))
         return pl.concat([unknown, errs]).sort("seq")
 
 
@@ -476,7 +481,10 @@ def _changes(b: _Batch) -> tuple[Changes, int]:
     changes.upsert("profiles", base)
     # custom attributes
     ops = b.valid.custom.join(b.accepted, on="seq").with_columns(service_id=real("target")).drop("target")
-    current = state.rows_where("attributes", "service_id", ops["service_id"]).join(
+    # the profiles this pass creates have no attributes yet (their service IDs are new): a
+    # batch of new users would otherwise search every run of the table for each of them
+    stored = ops.filter(~pl.col("service_id").is_in(ids["service_id"].implode()))["service_id"]
+    current = state.rows_where("attributes", "service_id", stored).join(
         ops.select("service_id", "name").unique(), on=["service_id", "name"], how="semi")
     ups, dels = fold_attributes(ops, current)
     changes.upsert("attributes", ups)
