@@ -374,8 +374,8 @@ class _Batch:
             .with_columns(pl.col("applied").fill_null(True))
         )
         # a profile this pass creates (a temporary ID here) has no attributes yet: not looked up
-        stored = ops.filter(~pl.col("service_id").str.starts_with(TEMP_PREFIX))["service_id"]
-        errs = attribute_errors(ops, self.state.rows_where("attributes", "service_id", stored))
+        older = ops.filter(~pl.col("service_id").str.starts_with(TEMP_PREFIX))["service_id"]
+        errs = attribute_errors(ops, self.state.rows_where("attributes", "service_id", older))
         return pl.concat([unknown, errs]).sort("seq")
 
 
@@ -483,8 +483,8 @@ def _changes(b: _Batch) -> tuple[Changes, int]:
     ops = b.valid.custom.join(b.accepted, on="seq").with_columns(service_id=real("target")).drop("target")
     # the profiles this pass creates have no attributes yet (their service IDs are new): a
     # batch of new users would otherwise search every run of the table for each of them
-    stored = ops.filter(~pl.col("service_id").is_in(ids["service_id"].implode()))["service_id"]
-    current = state.rows_where("attributes", "service_id", stored).join(
+    older = ops.filter(~pl.col("service_id").is_in(ids["service_id"].implode()))["service_id"]
+    current = state.rows_where("attributes", "service_id", older).join(
         ops.select("service_id", "name").unique(), on=["service_id", "name"], how="semi")
     ups, dels = fold_attributes(ops, current)
     changes.upsert("attributes", ups)
