@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engagelake import Workspace
-from engagelake.store.footers import INDEX_FOLDER, INDEX_SUFFIX, read_footer
+from engagelake.store.footers import BLOOM_SUFFIX, INDEX_FOLDER, INDEX_SUFFIX, read_footer
 from engagelake.store.runs import SORT_BY
 from helpers import event, export_one, open_ws, track_ok
 
@@ -98,6 +98,11 @@ def _indexes(store: Path) -> set[str]:
     return {p.name.removesuffix(INDEX_SUFFIX) for p in (store / INDEX_FOLDER).rglob(f"*{INDEX_SUFFIX}")}
 
 
+def _blooms(store: Path) -> set[str]:
+    """The data files that have a Bloom filter (`store/membership.py`)."""
+    return {p.name.split(".parquet.")[0] + ".parquet" for p in (store / INDEX_FOLDER).rglob(f"*{BLOOM_SUFFIX}")}
+
+
 def _sorted_files(ws: Workspace) -> set[str]:
     head = ws.store._read_head()
     return {Path(f).name for name in SORT_BY for f in ws.store.files(name, head.versions.get(name))}
@@ -113,14 +118,18 @@ def test_run_merges_and_compaction_index_their_files_and_a_fresh_reader_parses_n
     assert ws.store.merges  # runs were merged: their new files are indexed
     merged = _indexes(tmp_path / "store")
     assert merged and merged <= _sorted_files(ws)
+    assert _blooms(tmp_path / "store") == merged  # each indexed file has its keys' filter
     track_ok(ws, attributes=[{"external_id": "b0-u1", "_update_existing_only": True, "plan": "free"}])
     delete = ws.call("POST", "/users/delete", {"external_ids": ["b3-u4"]})
     assert delete.status == 200, delete
     ws.compact()
     assert _indexes(tmp_path / "store") == _sorted_files(ws)  # the vacuumed files' indexes are gone
+    assert _blooms(tmp_path / "store") == _sorted_files(ws)  # and their filters
     text = "".join(p.read_bytes().decode("latin-1") for p in (tmp_path / "store" / INDEX_FOLDER).rglob("*") if p.is_file())
     assert "b3-u4" not in text  # an erased user's key is in no index
 
     fresh = open_ws(tmp_path)
     assert export_one(fresh, "b0-u1", ["custom_attributes"]) == {"custom_attributes": {"plan": "free"}}
     assert fresh.store.footers.footers_read > 0 and fresh.store.footers.footers_parsed == 0
+    assert export_one(fresh, "b0-u2", ["custom_attributes"]) == {"custom_attributes": {"plan": "pro"}}
+    assert export_one(fresh, "nobody", ["custom_attributes"]) is None  # absent keys: ruled out by the filters

@@ -295,3 +295,24 @@ def test_a_point_read_decodes_only_the_columns_asked_for(tmp_path, monkeypatch) 
     got = read_where([str(path)], "k", pl.Series(["0007", "3999"]), FooterCache(), schema, ["v"])
     assert got.to_dict(as_series=False) == {"v": [7, 3_999]}
     assert asked == [["k", "v"]]
+
+
+def test_a_bloom_filter_skips_the_files_that_hold_none_of_the_keys(tmp_path) -> None:
+    """Keys a big run lacks (users who live in newer runs) still name its row groups by their
+    fences; an indexed file's Bloom filter rules them out, so no row group is read."""
+    folder = tmp_path / "profiles"
+    folder.mkdir()
+    keys = [f"{i:06d}" for i in range(0, 200_000, 2)]  # the even keys; the odd ones are absent
+    path = _write(folder / "f.parquet", keys, 1_000)
+    absent = pl.Series([f"{i:06d}" for i in range(1, 200_000, 500)])  # 400 odd keys over the whole range
+    plain = FooterCache()
+    assert read_where([path], "k", absent, plain, SCHEMA).height == 0
+    assert plain.groups_read > 0  # fences alone: every absent key names a row group
+    FooterCache(root=str(tmp_path)).index([path], "k")
+    indexed = FooterCache(root=str(tmp_path))
+    assert read_where([path], "k", absent, indexed, SCHEMA).height == 0
+    assert indexed.groups_read * 10 < plain.groups_read  # a false positive reads a row group
+    few = FooterCache(root=str(tmp_path))
+    assert read_where([path], "k", absent[:20], few, SCHEMA).height == 0 and few.groups_read <= 2
+    some = pl.concat([absent, pl.Series(["000002", "199998"])])
+    assert read_where([path], "k", some, indexed, SCHEMA).sort("k")["k"].to_list() == ["000002", "199998"]

@@ -27,6 +27,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from engagelake.store import membership
+
 MAGIC = b"PAR1"
 # compact-protocol field headers: (field id delta << 4) | type
 _I64_NEXT = 0x16  # the next field, an i64
@@ -191,11 +193,35 @@ def _varint(n: int) -> bytes:
 INDEX_FOLDER = "_footers"
 INDEX_SUFFIX = ".footer.npz"
 INDEX_VERSION = 1
+BLOOM_SUFFIX = ".bloom.npy"  # a data file's Bloom filter (`store/membership.py`), beside its index
 
 def index_path(root: str, data_path: str) -> str:
     """Where the index of a data file of `root`'s tables lies: `_footers/<table>/<file>`."""
     table, name = data_path.rstrip("/").split("/")[-2:]
     return f"{root.rstrip('/')}/{INDEX_FOLDER}/{table}/{name}{INDEX_SUFFIX}"
+
+
+def bloom_path(root: str, data_path: str) -> str:
+    """Where the Bloom filter of a data file lies: `_footers/<table>/<file>.<hash>.bloom.npy`,
+    named by the hash that built it (a process of another Polars version finds none)."""
+    return index_path(root, data_path).removesuffix(INDEX_SUFFIX) + f".{membership.HASH_VERSION}{BLOOM_SUFFIX}"
+
+
+def save_bloom(path: str, packed: np.ndarray) -> None:
+    """Write a Bloom filter, whole or not at all."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    temporary = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+    with open(temporary, "wb") as f:
+        np.save(f, packed)
+    os.replace(temporary, path)
+
+
+def load_bloom(path: str) -> np.ndarray | None:
+    """A Bloom filter, memory-mapped (None: none, or one that cannot be read)."""
+    try:
+        return np.load(path, mmap_mode="r", allow_pickle=False)
+    except (OSError, ValueError):
+        return None
 
 
 def save_index(path: str, footer: Footer, column: str, extra: dict[str, np.ndarray]) -> None:
@@ -234,14 +260,17 @@ def load_index(path: str, data_path: str, column: str) -> tuple[Footer, dict[str
 
 
 def prune_indexes(root: str) -> int:
-    """Delete the indexes of data files that are gone (a vacuum removed them); returns how many.
-    They hold the sort column's bounds, which are keys: an erased user's too."""
+    """Delete the indexes and Bloom filters of data files that are gone (a vacuum removed them),
+    filters of another hash, and what a writer killed midway left; returns how many. Indexes
+    hold the sort column's bounds, which are keys: an erased user's too."""
     removed = 0
     folder = os.path.join(root, INDEX_FOLDER)
     for table in os.listdir(folder) if os.path.isdir(folder) else []:
         for name in os.listdir(os.path.join(folder, table)):
-            data = os.path.join(root, table, name.removesuffix(INDEX_SUFFIX))
-            if not name.endswith(INDEX_SUFFIX) or not os.path.exists(data):
+            data = name.removesuffix(INDEX_SUFFIX) if name.endswith(INDEX_SUFFIX) else name.split(".parquet.")[0] + ".parquet"
+            kept = (name.endswith(INDEX_SUFFIX)
+                    or name == os.path.basename(bloom_path(root, os.path.join(root, table, data))))
+            if not kept or not os.path.exists(os.path.join(root, table, data)):
                 os.remove(os.path.join(folder, table, name))
                 removed += 1
     return removed

@@ -15,6 +15,7 @@ Paimon, RocksDB); `store/merging.py` keeps their number small.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import functools
 import os
 import re
@@ -29,7 +30,17 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from engagelake.store.footers import Footer, index_path, load_index, read_footer, save_index
+from engagelake.store import membership
+from engagelake.store.footers import (
+    Footer,
+    bloom_path,
+    index_path,
+    load_bloom,
+    load_index,
+    read_footer,
+    save_bloom,
+    save_index,
+)
 from engagelake.tables.schema import INDEXES
 
 # Row groups small enough that a point lookup decodes little, large enough that footers stay
@@ -103,6 +114,9 @@ class Fences:
     ends: np.ndarray | None = None  # its maximums (ascending too)
     order: np.ndarray | None = None  # the row group at each chain position
     wide: tuple[tuple[bytes, bytes, int], ...] = ()  # (min, max, row group) of the others
+    # the file's keys' Bloom filter (`store/membership.py`), if indexed: memory-mapped, so it
+    # costs the pages a probe touches, not a budget
+    bloom: np.ndarray | None = None
 
     def spanned(self, low: bytes, high: bytes | None) -> list[int]:
         """The row groups whose range meets [low, high) (no end when `high` is None)."""
@@ -204,7 +218,8 @@ class FooterCache:
         def parse(path: str) -> Fences:  # the whole parsed footer is dropped once fences are drawn
             index = None if self.root is None else index_path(self.root, path)
             if index is not None and (found := load_index(index, path, column)) is not None:
-                return _fences_of_arrays(*found)
+                assert self.root is not None
+                return dataclasses.replace(_fences_of_arrays(*found), bloom=load_bloom(bloom_path(self.root, path)))
             footer, metadata = read_footer(path)
             with self._lock:
                 self.footers_parsed += 1
@@ -227,6 +242,9 @@ class FooterCache:
             if footer.parsed is not None:  # its entries could not be told apart
                 return False
             save_index(index_path(root, path), footer, column, _fence_arrays(_fences(footer, metadata, column)))
+            # the key column read with the footer parsed already (not parsed again)
+            keys = pq.ParquetFile(path, metadata=metadata).read(columns=[column]).column(column)
+            save_bloom(bloom_path(root, path), membership.build(pl.Series(keys)))
             return True
         return sum(_footer_pool().map(write, missing))
 
@@ -386,39 +404,53 @@ def read_where(paths: list[str], column: str, values: pl.Series, footers: Footer
                schema: dict[str, pl.DataType], columns: list[str] | None = None) -> pl.DataFrame:
     """Rows of the files whose `column` is one of `values`, in `columns` (None: all of
     `schema`), reading only the row groups whose fences admit them (whole files when a file
-    has no fences)."""
+    has no fences). A file with a Bloom filter is searched for the values it may hold only,
+    and skipped when it holds none."""
     unique = values.unique()
-    low, high = unique.min(), unique.max()
     picked: list[pa.Table] = []
     point_reads: list[tuple[Footer, list[int]]] = []  # (file, row groups)
     whole: list[str] = []  # files where most row groups match: Polars' reader is faster there
-    sorted_keys: tuple[np.ndarray, pa.Array, bool] | None = None
+    hashed: np.ndarray | None = None
+    fenced: bool | None = None  # whether the values can be fences' bytes
+    every: np.ndarray | None = None  # all the values as fences take them
     fences = footers.fences_of(paths, column)
     total_rows = sum(fence.footer.num_rows for fence in fences)
     for path, fence in zip(paths, fences, strict=True):
         n_groups = fence.footer.num_row_groups
         # the values the file holds if they spread like its rows: few in a small run
         expected = unique.len() * fence.footer.num_rows / max(total_rows, 1)
+        here = unique
+        if fence.bloom is not None:
+            hashed = membership.hashes(unique) if hashed is None else hashed
+            maybe = membership.may_hold(fence.bloom, hashed)
+            if not maybe.any():
+                continue  # the file holds none of the values
+            here = unique.filter(pl.Series(maybe)) if not maybe.all() else unique
+            expected = here.len()  # those it may hold are there, but for a false positive or two
         sieve = expected * WHOLE_FILE_SHARE < n_groups
-        if fence.starts is None or (not sieve and unique.len() >= WHOLE_FILE_KEYS_PER_GROUP * n_groups
-                                    and not _clustered(fence, low, high)):
+        if fence.starts is None or (not sieve and here.len() >= WHOLE_FILE_KEYS_PER_GROUP * n_groups
+                                    and not _clustered(fence, here.min(), here.max())):
             # no fences, or so many values that nearly every row group matches anyway (a big
             # batch): no search at all
             whole.append(path)
             continue
-        if sorted_keys is None:
+        if fenced is None:
             fenced = not unique.str.contains("\x00", literal=True).any()  # numpy's bytes drop NULs
-            sorted_keys = (fence_values(unique), unique.to_arrow().cast(pa.large_string()), fenced)
-        wanted, exact, fenced = sorted_keys
         if not fenced:
             whole.append(path)
             continue
+        if here is unique:
+            every = fence_values(unique) if every is None else every
+            wanted = every
+        else:
+            wanted = fence_values(here)
         groups = fence.groups(wanted)
         if sieve and len(groups) > SIEVE_GROUPS_PER_HIT * max(expected, 1.0):
             # ranges too wide to tell (a small run spans the key space): most candidate groups
             # hold none of the values, so sieve them by their sort column (one column chunk
             # each), then read whole only the groups that hold a value
             candidates = set(groups)
+            exact = here.to_arrow().cast(pa.large_string())
             groups = [g for g in _sieve(fence.footer, column, groups, exact, footers) if g in candidates]
         if len(groups) * WHOLE_FILE_SHARE > n_groups:
             whole.append(path)
@@ -427,8 +459,7 @@ def read_where(paths: list[str], column: str, values: pl.Series, footers: Footer
         if groups:
             point_reads.append((fence.footer, groups))
     if point_reads:  # filter in Arrow first: only the matching rows are converted to Polars
-        assert sorted_keys is not None
-        picked = _read_groups(point_reads, column, sorted_keys[1], columns)
+        picked = _read_groups(point_reads, column, unique.to_arrow().cast(pa.large_string()), columns)
     footers.count_groups(sum(fence.footer.num_row_groups for path, fence in zip(paths, fences, strict=True)
                               if path in whole))
     shown = schema if columns is None else {c: schema[c] for c in columns}

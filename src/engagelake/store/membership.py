@@ -1,0 +1,53 @@
+"""Bloom filters of the keys of a data file: which keys a file of a sorted run may hold.
+
+Fences (`store/runs.py`) tell where a key would lie in a file, not whether it is there: a key
+absent from a big run still names one of its row groups. So a probe of many keys that a big
+run lacks (the users of a batch who live in newer runs, created a little earlier) named about
+half of the bottom run's row groups, and the run was read whole. Paimon and RocksDB keep a
+Bloom filter per sorted run for this. Here each indexed file keeps one in its footer index
+(`store/footers.py`), built from its sort column when the index is written: 10 bits a distinct
+key and 3 probes, about 1.7% false positives (one costs a row group read, never a wrong row).
+
+The hash is Polars' (fixed seeds): the same in every process of one Polars version. A filter
+records the version that built it, and a filter of another version is not used.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+
+BITS_PER_KEY = 10
+PROBES = 3
+# what a footer index records beside the filter: a filter of another Polars version is ignored
+HASH_VERSION = f"polars-{pl.__version__}"
+
+
+def hashes(keys: pl.Series) -> np.ndarray:
+    """64-bit hashes of string keys, as filters take them."""
+    return keys.cast(pl.String).hash(seed=0).to_numpy()
+
+
+def _positions(hashed: np.ndarray, bits: int) -> np.ndarray:
+    """The PROBES bit positions of each hash (double hashing: h1 + i * h2), shape (n, PROBES);
+    `bits` is a power of two, so the modulo is a mask."""
+    low = hashed & np.uint64(0xFFFFFFFF)
+    step = (hashed >> np.uint64(32)) | np.uint64(1)
+    probes = np.arange(PROBES, dtype=np.uint64)
+    return (low[:, None] + probes[None, :] * step[:, None]) & np.uint64(bits - 1)
+
+
+def build(keys: pl.Series) -> np.ndarray:
+    """The filter of `keys` (nulls are no keys), as packed bits."""
+    distinct = keys.drop_nulls().unique()
+    bits = 1 << max(6, int(np.ceil(np.log2(max(distinct.len(), 1) * BITS_PER_KEY))))
+    flags = np.zeros(bits, dtype=bool)
+    flags[_positions(hashes(distinct), bits).ravel()] = True
+    return np.packbits(flags, bitorder="little")
+
+
+def may_hold(packed: np.ndarray, hashed: np.ndarray) -> np.ndarray:
+    """Per hash, whether the filter's file may hold its key (false: it surely does not)."""
+    positions = _positions(hashed, packed.size * 8)
+    return ((packed[positions >> np.uint64(3)] >> (positions & np.uint64(7)).astype(np.uint8)) & 1).astype(
+        bool).all(axis=1)
