@@ -12,12 +12,22 @@ from engagelake import Workspace
 
 # the files whose tests use the Prefect test server (tests/prefect_harness.py)
 PREFECT_FILES = {"tests/test_cli.py", "tests/test_deployments.py", "tests/test_flows.py"}
+# the units of the default run that take longest, longest first (`--durations=0`, summed per file)
+LONGEST_FIRST = (
+    "prefect", "tests/test_forget_check.py", "tests/test_merge.py", "tests/test_staging.py",
+    "tests/test_track_attributes.py", "tests/test_track_identifiers.py", "tests/test_track_fatal.py",
+    "tests/test_partial_rows.py", "tests/test_store.py", "tests/test_merging.py", "tests/test_erasure.py",
+    "tests/test_identify.py", "tests/test_api_server.py", "tests/test_track_events.py",
+    "tests/test_track_subscriptions.py", "tests/test_export.py", "tests/test_bad_input.py",
+    "tests/test_apply_equals_call.py", "tests/test_notebooks.py", "tests/test_delete.py",
+)
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """`--dist loadfile` (each file's tests on one worker: a module fixture is built once), with
-    the files that use the Prefect test server as one unit, so that the server starts once.
+    the files that use the Prefect test server as one unit, so that the server starts once, and
+    the longest units handed out first.
     (`--dist loadgroup` with xdist_group marks would say it, but xdist 3.8 loses the groups under
     pytest 9.2: pytest-dev/pytest-xdist#1386.)"""
     if config.getvalue("dist") != "loadfile":
@@ -28,6 +38,14 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
         def _split_scope(self, nodeid: str) -> str:
             scope = super()._split_scope(nodeid)
             return "prefect" if scope in PREFECT_FILES else scope
+
+        def _assign_work_unit(self, node: Any) -> None:
+            # the longest units first (xdist hands them out by number of tests): a long file
+            # handed out last would run on while the other worker has nothing left
+            for scope in reversed(LONGEST_FIRST):
+                if scope in self.workqueue:
+                    self.workqueue.move_to_end(scope, last=False)
+            super()._assign_work_unit(node)
 
     return PrefectFilesTogether(config, log)
 
