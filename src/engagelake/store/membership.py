@@ -4,12 +4,13 @@ Fences (`store/runs.py`) tell where a key would lie in a file, not whether it is
 absent from a big run still names one of its row groups. So a probe of many keys that a big
 run lacks (the users of a batch who live in newer runs, created a little earlier) named about
 half of the bottom run's row groups, and the run was read whole. Paimon and RocksDB keep a
-Bloom filter per sorted run for this. Here each indexed file keeps one in its footer index
-(`store/footers.py`), built from its sort column when the index is written: 10 bits a distinct
-key and 3 probes, about 1.7% false positives (one costs a row group read, never a wrong row).
+Bloom filter per sorted run for this. Here each indexed file keeps one beside its footer index
+(`store/footers.py`: `bloom_path`), built from its sort column when the index is written: 10
+bits a distinct key and 3 probes, about 1.7% false positives (one costs a row group read, never
+a wrong row).
 
-The hash is Polars' (fixed seeds): the same in every process of one Polars version. A filter
-records the version that built it, and a filter of another version is not used.
+The hash is Polars' (fixed seeds): the same in every process of one Polars version. A filter's
+file name carries that version, so a process of another version finds none and probes without.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import polars as pl
 
 BITS_PER_KEY = 10
 PROBES = 3
-# what a footer index records beside the filter: a filter of another Polars version is ignored
+# part of a filter's file name: a filter built by another Polars version is not found
 HASH_VERSION = f"polars-{pl.__version__}"
 
 
