@@ -412,24 +412,24 @@ def read_where(paths: list[str], column: str, values: pl.Series, footers: Footer
     whole: list[str] = []  # files where most row groups match: Polars' reader is faster there
     hashed: np.ndarray | None = None
     fenced: bool | None = None  # whether the values can be fences' bytes
-    every: np.ndarray | None = None  # all the values as fences take them
+    every = _Keys(unique)
     fences = footers.fences_of(paths, column)
     total_rows = sum(fence.footer.num_rows for fence in fences)
     for path, fence in zip(paths, fences, strict=True):
         n_groups = fence.footer.num_row_groups
         # the values the file holds if they spread like its rows: few in a small run
         expected = unique.len() * fence.footer.num_rows / max(total_rows, 1)
-        here = unique
+        here = every
         if fence.bloom is not None:
             hashed = membership.hashes(unique) if hashed is None else hashed
             maybe = membership.may_hold(fence.bloom, hashed)
             if not maybe.any():
                 continue  # the file holds none of the values
-            here = unique.filter(pl.Series(maybe)) if not maybe.all() else unique
-            expected = here.len()  # those it may hold are there, but for a false positive or two
+            here = _Keys(unique.filter(pl.Series(maybe))) if not maybe.all() else every
+            expected = here.values.len()  # those it may hold are there, but for a false positive or two
         sieve = expected * WHOLE_FILE_SHARE < n_groups
-        if fence.starts is None or (not sieve and here.len() >= WHOLE_FILE_KEYS_PER_GROUP * n_groups
-                                    and not _clustered(fence, here.min(), here.max())):
+        if fence.starts is None or (not sieve and here.values.len() >= WHOLE_FILE_KEYS_PER_GROUP * n_groups
+                                    and not _clustered(fence, here.low, here.high)):
             # no fences, or so many values that nearly every row group matches anyway (a big
             # batch): no search at all
             whole.append(path)
@@ -440,19 +440,13 @@ def read_where(paths: list[str], column: str, values: pl.Series, footers: Footer
         if not fenced:
             whole.append(path)
             continue
-        if here is unique:
-            every = fence_values(unique) if every is None else every
-            wanted = every
-        else:
-            wanted = fence_values(here)
-        groups = fence.groups(wanted)
+        groups = fence.groups(here.sorted_bytes)
         if sieve and len(groups) > SIEVE_GROUPS_PER_HIT * max(expected, 1.0):
             # ranges too wide to tell (a small run spans the key space): most candidate groups
             # hold none of the values, so sieve them by their sort column (one column chunk
             # each), then read whole only the groups that hold a value
             candidates = set(groups)
-            exact = here.to_arrow().cast(pa.large_string())
-            groups = [g for g in _sieve(fence.footer, column, groups, exact, footers) if g in candidates]
+            groups = [g for g in _sieve(fence.footer, column, groups, here.exact, footers) if g in candidates]
         if len(groups) * WHOLE_FILE_SHARE > n_groups:
             whole.append(path)
             continue
@@ -460,7 +454,7 @@ def read_where(paths: list[str], column: str, values: pl.Series, footers: Footer
         if groups:
             point_reads.append((fence.footer, groups))
     if point_reads:  # filter in Arrow first: only the matching rows are converted to Polars
-        picked = _read_groups(point_reads, column, unique.to_arrow().cast(pa.large_string()), columns)
+        picked = _read_groups(point_reads, column, every.exact, columns)
     footers.count_groups(sum(fence.footer.num_row_groups for path, fence in zip(paths, fences, strict=True)
                               if path in whole))
     shown = schema if columns is None else {c: schema[c] for c in columns}
@@ -469,6 +463,32 @@ def read_where(paths: list[str], column: str, values: pl.Series, footers: Footer
     if picked:
         frames.append(_conformed(picked, shown))
     return pl.concat(frames) if frames else pl.DataFrame(schema=shown)
+
+
+class _Keys:
+    """A probe's distinct values (or those a file may hold), in the forms a search takes,
+    each made once when first needed."""
+
+    def __init__(self, values: pl.Series):
+        self.values = values
+
+    @functools.cached_property
+    def low(self) -> object:
+        return self.values.min()
+
+    @functools.cached_property
+    def high(self) -> object:
+        return self.values.max()
+
+    @functools.cached_property
+    def sorted_bytes(self) -> np.ndarray:
+        """Sorted, as fences compare them."""
+        return fence_values(self.values)
+
+    @functools.cached_property
+    def exact(self) -> pa.Array:
+        """As Arrow filters take them."""
+        return self.values.to_arrow().cast(pa.large_string())
 
 
 def _read_groups(reads: list[tuple[Footer, list[int]]], column: str, exact: pa.Array,
