@@ -270,6 +270,29 @@ def test_runs_merge_after_the_commit_in_a_ledger_row_of_their_own(tmp_path: Path
     assert sorted(ws.table("attributes").collect()["value"].to_list()) == ["0", "1", "2"]
 
 
+def test_runs_kept_across_appends_equal_those_drawn_from_the_log(tmp_path: Path, monkeypatch) -> None:
+    """A writer adds each appended file to the runs it knows (`_note_append`) instead of
+    drawing them from every file's statistics again: through appends and merges, they equal
+    what a fresh process draws from the table's log."""
+    import engagelake.store.delta as delta
+
+    drawn: list[int] = []  # the files each drawing of runs reads
+    monkeypatch.setattr(delta.merging, "runs_of", lambda actions, root: drawn.append(actions.height) or runs_of(actions, root))
+    ws = open_ws(tmp_path)
+    for n in range(8):
+        ws.store.merge_trigger = 2 if n < 4 else NEVER  # merges, then appends only
+        drawn.clear()
+        track_ok(ws, attributes=[{"external_id": f"u{n % 4}", "n": n}],
+                 events=[{"external_id": f"u{n % 3}", "name": "e", "time": "2026-01-15T11:00:00Z"}])
+        if n >= 5:  # the runs of the version before are known: only the new file is read
+            assert drawn and set(drawn) == {1}, drawn
+        ws.store.wait_for_merges()
+        fresh = Workspace.open(ws.store.uri, create=False)
+        for name in ("attributes", "events", "profiles", "external_ids"):
+            version = ws.store.head.versions.get(name)
+            assert fresh.store.runs(name, version) == ws.store.runs(name, version), (n, name)
+
+
 def test_a_merge_since_a_batch_read_the_store_does_not_make_it_stale(tmp_path: Path) -> None:
     """A batch commits over merges and compactions that landed since it read the store (they
     moved rows, not content), but not over another batch."""
