@@ -131,6 +131,9 @@ class State:
         if not self._may_hold(name):  # nothing stored, nothing written: no answer to look for
             return self.known[name].select(read_back(name))
         wanted = _values(values, self.known[name].schema[column])
+        if wanted.len() == 0:  # nothing asked (about half the lookups of a small track pass)
+            held = self.known[name].clear()
+            return held if name not in self.whole and name not in HISTORY else held.select(read_back(name))
         self._resolve_pending(name, column, wanted)
         if name in self.whole:
             return self.known[name].filter(pl.col(column).is_in(wanted.implode())).select(read_back(name))

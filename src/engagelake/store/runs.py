@@ -163,7 +163,12 @@ class KeyIndex:
 
     def groups_of(self, values: pa.Array) -> list[int]:
         """The row groups that may hold one of `values`."""
-        wanted = _hashes(values)
+        return self.groups_of_hashed(membership.hashes(pl.Series(values)))
+
+    def groups_of_hashed(self, hashed: np.ndarray) -> list[int]:
+        """The row groups that may hold one of the values of 64-bit `hashed` (as
+        `membership.hashes` makes them: a probe hashes its values once for filters and indexes)."""
+        wanted = _upper(hashed)
         first = np.searchsorted(self.hashes, wanted, side="left")
         counts = np.searchsorted(self.hashes, wanted, side="right") - first
         if not counts.any():
@@ -175,9 +180,12 @@ class KeyIndex:
 
 
 def _hashes(keys: pa.Array | pa.ChunkedArray) -> np.ndarray:
-    """32-bit hashes of string keys (Polars' hash, the same for equal strings in a process)."""
-    series = pl.Series(keys).cast(pl.String)
-    return (series.hash(seed=0).to_numpy() >> np.uint64(32)).astype(np.uint32)
+    """32-bit hashes of string keys: the upper half of the Bloom filters' hash."""
+    return _upper(membership.hashes(pl.Series(keys)))
+
+
+def _upper(hashed: np.ndarray) -> np.ndarray:
+    return (hashed >> np.uint64(32)).astype(np.uint32)
 
 
 class FooterCache:
@@ -410,7 +418,6 @@ def read_where(paths: list[str], column: str, values: pl.Series, footers: Footer
     picked: list[pa.Table] = []
     point_reads: list[tuple[Footer, list[int]]] = []  # (file, row groups)
     whole: list[str] = []  # files where most row groups match: Polars' reader is faster there
-    hashed: np.ndarray | None = None
     fenced: bool | None = None  # whether the values can be fences' bytes
     every = _Keys(unique)
     fences = footers.fences_of(paths, column)
@@ -421,11 +428,10 @@ def read_where(paths: list[str], column: str, values: pl.Series, footers: Footer
         expected = unique.len() * fence.footer.num_rows / max(total_rows, 1)
         here = every
         if fence.bloom is not None:
-            hashed = membership.hashes(unique) if hashed is None else hashed
-            maybe = membership.may_hold(fence.bloom, hashed)
+            maybe = membership.may_hold(fence.bloom, every.hashed)
             if not maybe.any():
                 continue  # the file holds none of the values
-            here = _Keys(unique.filter(pl.Series(maybe))) if not maybe.all() else every
+            here = _Keys(unique.filter(pl.Series(maybe)), every.hashed[maybe]) if not maybe.all() else every
             expected = here.values.len()  # those it may hold are there, but for a false positive or two
         sieve = expected * WHOLE_FILE_SHARE < n_groups
         if fence.starts is None or (not sieve and here.values.len() >= WHOLE_FILE_KEYS_PER_GROUP * n_groups
@@ -446,7 +452,7 @@ def read_where(paths: list[str], column: str, values: pl.Series, footers: Footer
             # hold none of the values, so sieve them by their sort column (one column chunk
             # each), then read whole only the groups that hold a value
             candidates = set(groups)
-            groups = [g for g in _sieve(fence.footer, column, groups, here.exact, footers) if g in candidates]
+            groups = [g for g in _sieve(fence.footer, column, groups, here, footers) if g in candidates]
         if len(groups) * WHOLE_FILE_SHARE > n_groups:
             whole.append(path)
             continue
@@ -469,8 +475,15 @@ class _Keys:
     """A probe's distinct values (or those a file may hold), in the forms a search takes,
     each made once when first needed."""
 
-    def __init__(self, values: pl.Series):
+    def __init__(self, values: pl.Series, hashed: np.ndarray | None = None):
         self.values = values
+        if hashed is not None:
+            self.hashed = hashed
+
+    @functools.cached_property
+    def hashed(self) -> np.ndarray:
+        """As Bloom filters and key indexes take them (`membership.hashes`)."""
+        return membership.hashes(self.values)
 
     @functools.cached_property
     def low(self) -> object:
@@ -569,14 +582,14 @@ def range_bounds(paths: list[str], column: str, rows: int, footers: FooterCache)
     return sorted(cuts - {""})
 
 
-def _sieve(footer: Footer, column: str, groups: list[int], values: pa.Array, footers: FooterCache) -> list[int]:
+def _sieve(footer: Footer, column: str, groups: list[int], values: _Keys, footers: FooterCache) -> list[int]:
     """The row groups of `groups` whose `column` holds one of `values`, by reading that one
     column, or by the file's key index once it has one (`FooterCache.key_index`)."""
     if (index := footers.key_index(footer.path, column, footer)) is not None:
-        return index.groups_of(values)
+        return index.groups_of_hashed(values.hashed)
     file, local = footer.open(groups)
     keys = file.read_row_groups(local, columns=[column]).column(column)
-    hits = np.flatnonzero(pc.is_in(keys, values).to_numpy(zero_copy_only=False))
+    hits = np.flatnonzero(pc.is_in(keys, values.exact).to_numpy(zero_copy_only=False))
     if hits.size == 0:
         return []
     ends = np.cumsum(footer.group_rows[groups])
