@@ -281,17 +281,30 @@ def _cut_copy(text: pl.Expr, value: str) -> pl.Expr:
 def _search_texts(texts: pl.DataFrame, rel: str, place: str, table: str | None,
                   values: tuple[str, ...]) -> Iterator[Occurrence]:
     """Occurrences in statistics and other texts (a frame of `column`, `detail`, `text`):
-    whole values, and cut copies."""
-    if texts.height == 0:
+    whole values, and cut copies. Every value is tested in one pass over the texts."""
+    if texts.height == 0 or not values:
         return
-    for value in values:
-        whole = _holds(pl.col("text"), value)
-        found = texts.filter(whole).select("column", "detail").unique(maintain_order=True)
-        for column, detail in found.iter_rows():  # not hot: one row per place found, after the vectorized match
-            yield Occurrence(rel, place, table, column, value, detail)
-        cut = texts.filter(_cut_copy(pl.col("text"), value) & ~whole).unique(["column", "detail"], maintain_order=True)
-        for column, detail, text in cut.select("column", "detail", "text").iter_rows():  # places found, as above
-            yield Occurrence(rel, place, table, column, value, f"{detail}, cut copy: ...{text[-16:]!r}")
+    text = pl.col("text")
+    whole = [_holds(text, value) for value in values]
+    marks = texts.select(
+        "column", "detail", "text",
+        *(held.alias(f"whole:{v}") for v, held in enumerate(whole)),
+        *((_cut_copy(text, value) & ~held).alias(f"cut:{v}") for v, (value, held) in enumerate(zip(values, whole, strict=True))))
+    found = (
+        marks.with_row_index("row").unpivot(index=["row", "column", "detail", "text"], variable_name="mark")
+        .filter(pl.col("value"))
+        .with_columns(kind=pl.col("mark").str.split(":").list.first(),
+                      v=pl.col("mark").str.split(":").list.last().cast(pl.Int64))
+        # per value, as one value at a time would find them: whole copies, then cut ones
+        .sort("v", pl.col("kind") == "cut", "row")
+        .unique(["v", "kind", "column", "detail"], maintain_order=True)
+    )
+    for kind, v, column, detail, copy in found.select("kind", "v", "column", "detail", "text").iter_rows():
+        # not hot: one row per place found, after the vectorized match
+        if kind == "whole":
+            yield Occurrence(rel, place, table, column, values[v], detail)
+        else:
+            yield Occurrence(rel, place, table, column, values[v], f"{detail}, cut copy: ...{copy[-16:]!r}")
 
 
 def _raw(root: Path, rel: str, place: str, table: str | None, values: tuple[str, ...],
