@@ -49,16 +49,18 @@ def publish(snapshot: Snapshot, out: str | Path, tables: list[str], memory_limit
         for name in tables:
             counted = _Counted(merging.stream(con, f'SELECT * FROM "{name}"', _schema(name)))
             target = str(folder / name)
-            write_deltalake(target, counted.reader(), mode="overwrite", schema_mode="overwrite",
+            # one load of the table's log for the write and what follows it (a load is a few ms)
+            table = DeltaTable(target) if DeltaTable.is_deltatable(target) else None
+            write_deltalake(table or target, counted.reader(), mode="overwrite", schema_mode="overwrite",
                             writer_properties=writer(name),
                             commit_properties=CommitProperties(custom_metadata={BATCH_KEY: str(batch)}))
-            table = DeltaTable(target)
+            table = table or DeltaTable(target)
             if erase_old:
                 table.alter.set_table_properties({"delta.logRetentionDuration": "interval 0 days"})
             table.vacuum(retention_hours=0 if erase_old else KEEP_HOURS, enforce_retention_duration=False,
                          dry_run=False)
             if erase_old:
-                table = DeltaTable(target)
+                table.update_incremental()  # the vacuum's own log entries
                 table.create_checkpoint()
                 table.cleanup_metadata()
             rows[name], versions[name] = counted.rows, table.version()
