@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
+
+# Each xdist worker computes on one thread (Polars' pool, Arrow's): the workers fill the cores
+# already, and a pool's idle threads spin between the many small queries of a test. Set before
+# Polars is imported (below, through the helpers); a run with -n 0 keeps every core.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("POLARS_MAX_THREADS", "1")
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest
 from tests import helpers

@@ -181,12 +181,17 @@ class _Batch:
                 _same(new_targets, dyn_targets, ["seq"]) and _same(new_creations, dyn_creations, ["seq", "pos"])
                 and _same(new_rejected, rejected, ["seq"])
             )
+            # the timelines just drawn came from these very frames (rows in the same order):
+            # drawing them again would give the same (most batches: nothing dynamic at all)
+            drawn = same and new_targets.equals(dyn_targets) and new_creations.equals(dyn_creations) \
+                and new_rejected.equals(rejected)
             dyn_targets, dyn_creations, rejected = new_targets, new_creations, new_rejected
             if same:
                 break
         else:  # pragma: no cover - the loop bound is the proof's worst case
             raise RuntimeError("track fixed point did not converge")
-        self._timelines(dyn_targets, dyn_creations, rejected)
+        if not drawn:
+            self._timelines(dyn_targets, dyn_creations, rejected)
         self.rejected = rejected
 
     def _timelines(self, dyn_targets: pl.DataFrame, dyn_creations: pl.DataFrame, rejected: pl.DataFrame) -> None:
