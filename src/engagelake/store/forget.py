@@ -33,6 +33,7 @@ Nothing is written.
 
 from __future__ import annotations
 
+import functools
 import json
 import mmap
 import os
@@ -284,12 +285,7 @@ def _search_texts(texts: pl.DataFrame, rel: str, place: str, table: str | None,
     whole values, and cut copies. Every value is tested in one pass over the texts."""
     if texts.height == 0 or not values:
         return
-    text = pl.col("text")
-    whole = [_holds(text, value) for value in values]
-    marks = texts.select(
-        "column", "detail", "text",
-        *(held.alias(f"whole:{v}") for v, held in enumerate(whole)),
-        *((_cut_copy(text, value) & ~held).alias(f"cut:{v}") for v, (value, held) in enumerate(zip(values, whole, strict=True))))
+    marks = texts.select("column", "detail", "text", *_text_marks(values))
     found = (
         marks.with_row_index("row").unpivot(index=["row", "column", "detail", "text"], variable_name="mark")
         .filter(pl.col("value"))
@@ -307,6 +303,17 @@ def _search_texts(texts: pl.DataFrame, rel: str, place: str, table: str | None,
             yield Occurrence(rel, place, table, column, values[v], f"{detail}, cut copy: ...{copy[-16:]!r}")
 
 
+@functools.lru_cache(maxsize=4)
+def _text_marks(values: tuple[str, ...]) -> tuple[pl.Expr, ...]:
+    """Per value, whether a text holds it whole, and whether it holds a cut copy (not whole):
+    built once per search, not per file (a cut copy's test has two terms per character)."""
+    text = pl.col("text")
+    whole = [_holds(text, value) for value in values]
+    return (*(held.alias(f"whole:{v}") for v, held in enumerate(whole)),
+            *((_cut_copy(text, value) & ~held).alias(f"cut:{v}")
+              for v, (value, held) in enumerate(zip(values, whole, strict=True))))
+
+
 def _raw(root: Path, rel: str, place: str, table: str | None, values: tuple[str, ...],
          detail: str) -> Iterator[Occurrence]:
     """A file's raw bytes, mapped (not read into memory), searched for each value's forms."""
@@ -322,6 +329,7 @@ def _raw(root: Path, rel: str, place: str, table: str | None, values: tuple[str,
 # --- Parquet -------------------------------------------------------------------------------------
 
 
+@functools.lru_cache(maxsize=1024)  # per column and value: the same in every file of a table
 def _held(name: str, dtype: pl.DataType, value: str) -> pl.Expr | None:
     """Whether each row of a column holds `value` (None: a column of nulls only)."""
     if isinstance(dtype, pl.Null):
