@@ -179,6 +179,28 @@ def test_compaction_rebuilds_indexes_from_current_rows(tmp_path: Path) -> None:
     assert export_one_by(ws, email_address="b@x.com") == ["a"]
 
 
+def test_compaction_leaves_the_tables_nothing_was_written_to_as_they_are(tmp_path: Path) -> None:
+    """A table still as the store's creation made it (and an index of such a table) has
+    nothing to rewrite or erase: compaction keeps its version, and rewrites every other."""
+    ws = open_ws(tmp_path)
+    track_ok(ws, attributes=[{"external_id": "a", "email": "a@x.com"}])
+    before = dict(ws.store.head.versions)
+    ws.compact()
+    after = ws.store.head.versions
+    assert after["catalogs"] == before["catalogs"] == 0
+    assert after["_index_push_tokens_device_id"] == before["_index_push_tokens_device_id"] == 0
+    for name in ("profiles", "external_ids", "_index_profiles_email", "_index_external_ids_service_id",
+                 "_index_profiles_phone"):  # written, or an index of a table written
+        assert after[name] > before[name], name
+    # a table written later is compacted like any other, and every table reads as before
+    ws.call("POST", "/catalogs", {"catalogs": [{"name": "shop", "fields": [{"name": "id", "type": "string"}]}]})
+    written = ws.store.head.versions["catalogs"]
+    ws.compact()
+    assert ws.store.head.versions["catalogs"] > written
+    assert ws.table("catalogs").collect()["name"].to_list() == ["shop"]
+    assert export_one_by(ws, email_address="a@x.com") == ["a"]
+
+
 def test_a_batch_writes_index_entries_only_for_new_values(tmp_path: Path) -> None:
     ws = open_ws(tmp_path)
     track_ok(ws, attributes=[{"external_id": "a", "email": "a@x.com"}, {"external_id": "b", "email": "b@x.com"}])

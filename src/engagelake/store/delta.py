@@ -1090,9 +1090,12 @@ class DeltaStore:
                 snap.duckdb(con)  # current rows, over the old files: they stay until every table is written
                 gone = con.sql('SELECT service_id FROM redirects WHERE "into" IS NULL').pl()["service_id"]
                 held = _identifiers_of(snap, gone)  # every identifier a deleted profile held
+                untouched = self._never_written()
                 for done, name in enumerate(STORED):
                     if on_table is not None:
                         on_table(name, done, len(STORED))
+                    if name in untouched:
+                        continue
                     if not DeltaTable.is_deltatable(self._path(name)):
                         self._create_table(name)
                     # old log entries hold column statistics of old files: let cleanup drop them
@@ -1104,7 +1107,8 @@ class DeltaStore:
                     _failpoint(f"compact:{name}")
             self._compact_ledger(gone, held)
             _failpoint("compact:_ledger")
-            kept = self._finish_compaction(batch_no, list(STORED))
+            kept = self._finish_compaction(batch_no, [name for name in STORED if name not in untouched],
+                                           {name: self.head.versions[name] for name in untouched})
             marker.unlink()
         prune_indexes(self.uri)
         for name in SORT_BY:  # the files of the versions just published (no head read again per table)
@@ -1169,10 +1173,17 @@ class DeltaStore:
         sql = f'SELECT {columns}, {batch_no}::BIGINT AS _batch, false AS _deleted{mask} FROM {source} ORDER BY {by}'
         return merging.stream(con, sql, schema)
 
-    def _finish_compaction(self, batch_no: int, tables: list[str]) -> dict[str, int]:
+    def _never_written(self) -> set[str]:
+        """The tables still as the store's creation made them (empty, at their first version;
+        an index only while its table is so too): a compaction has nothing to rewrite or erase
+        there. A small store leaves most of its tables so (resources, lineage, indexes)."""
+        empty = {name for name in STORED if self.head.versions.get(name) == 0 and not self.files(name, 0)}
+        return {name for name in empty if name not in INDEXES or INDEXES[name][0] in empty}
+
+    def _finish_compaction(self, batch_no: int, tables: list[str], same: dict[str, int] | None = None) -> dict[str, int]:
         """Drop the files and log entries the compacted versions no longer need, then publish
-        `tables`; returns the rows of each."""
-        kept, versions = {}, {}
+        `tables`, and the versions of tables left `same`; returns the rows of each."""
+        kept, versions = dict.fromkeys(same or {}, 0), dict(same or {})
         shutil.rmtree(Path(self.uri) / MERGING, ignore_errors=True)  # merged runs a killed merge never published
         self._vacuum(LEDGER)  # its old files held the responses it dropped
         for name in tables:
