@@ -315,6 +315,32 @@ def test_runs_kept_across_appends_equal_those_drawn_from_the_log(tmp_path: Path,
             assert fresh.store.runs(name, version) == ws.store.runs(name, version), (n, name)
 
 
+def test_a_commit_makes_its_tables_due_for_merging_only_once_its_ledger_row_is_written(
+        tmp_path: Path, monkeypatch) -> None:
+    """A merge pass that took a table as due before the batch's ledger row was written read a
+    head without the batch's run, found nothing to merge, and left the runs unmerged until the
+    next commit (seen: two runs where one was due, under load)."""
+    import engagelake.store.delta as delta
+
+    ws = open_ws(tmp_path)
+    ws.store.merge_trigger = 0
+    before_ledger: list[tuple[set[str], set[str]]] = []  # (due, due once the row is written)
+    append_ledger = delta.DeltaStore._append_ledger
+
+    def spy(self, batch_no, *args, **kwargs):
+        if kwargs.get("kind") == "batch":
+            before_ledger.append((set(self._merge_due), set(self._due_pending)))
+        return append_ledger(self, batch_no, *args, **kwargs)
+
+    monkeypatch.setattr(delta.DeltaStore, "_append_ledger", spy)
+    for n in range(3):
+        track_ok(ws, attributes=[{"external_id": f"u{n}", "n": n}])
+        ws.store.wait_for_merges()
+    assert any("attributes" in pending for _, pending in before_ledger)
+    assert all(not due for due, _ in before_ledger)  # no merge pass could take them early
+    assert _runs(ws, "attributes") == 1
+
+
 def test_a_merge_since_a_batch_read_the_store_does_not_make_it_stale(tmp_path: Path) -> None:
     """A batch commits over merges and compactions that landed since it read the store (they
     moved rows, not content), but not over another batch."""

@@ -337,6 +337,10 @@ class DeltaStore:
         self._merger: threading.Thread | None = None
         self._exclusive_owner: int | None = None  # the thread inside `exclusive`
         self._merge_due: set[str] = set()  # tables the last commit left with runs to merge
+        # the tables the commit under way leaves so: due only once its ledger row is written (a
+        # merge pass that took them earlier would read a head without the batch's runs, find
+        # nothing to merge, and leave them unmerged until the next commit)
+        self._due_pending: set[str] = set()
         self._due_lock = threading.Lock()  # `_merge_due` and `_merging`, between a batch and the merge thread
         self._merging = False  # a merge pass is running (`_start_merges`)
         self.merge_errors: list[BaseException] = []  # a failed merge pass loses nothing (see merge_runs)
@@ -776,6 +780,7 @@ class DeltaStore:
         batch it never read. A run merge may be under way meanwhile: it takes the writer lock
         only to publish its merged runs (`merge_runs`)."""
         base = self.head.content_batch if read_at is None else read_at
+        self._due_pending = set()
         with self._writer_lock():
             self.refresh()  # the ledger is read again only if an entry came since we looked
             if self.head.content_batch != base:
@@ -784,6 +789,8 @@ class DeltaStore:
             self._write_batch(changes, key=key, responses=responses, next_profile_n=next_profile_n,
                               next_update_seq=next_update_seq, index_entries_stored=index_entries_stored or {},
                               staged=staged, digest=digest, subjects=subjects)
+        with self._due_lock:
+            self._merge_due |= self._due_pending
         if self._merge_due:
             try:
                 self._start_merges()
@@ -1038,8 +1045,7 @@ class DeltaStore:
         # a store written before partial rows gains their mask column with its first batch
         versions[name] = self._append(name, data, _arrow_schema(name), file_options(name), writer(name))
         if name in SORT_BY and self._merge_plan(self.runs(name, versions[name])):
-            with self._due_lock:
-                self._merge_due.add(name)
+            self._due_pending.add(name)
         _failpoint(f"after_table:{name}")
 
     def _merge(self, name: str, runs: list[merging.Run], *, bottom: bool) -> int:
