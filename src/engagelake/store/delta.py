@@ -495,9 +495,8 @@ class DeltaStore:
         if name in SORT_BY and actions is not None:
             self._keep_actions(name, version, actions if add is None else appends.with_action(actions, add))
         runs = self._runs.get((name, version - 1))
-        if name in SORT_BY and runs is not None and add is None:
-            self._keep_runs(name, version, runs)
-        elif name in SORT_BY and runs is not None and (added := self._actions.get((name, version))) is not None:
+        if name in SORT_BY and add is not None and runs is not None and (
+                added := self._actions.get((name, version))) is not None:
             # the new file is a run of its own, newer than every other: the runs need not be
             # drawn from every file's statistics again (3 ms a table in a small batch's commit)
             run = merging.runs_of(pl.DataFrame(added.slice(added.num_rows - 1)), self._path(name))
