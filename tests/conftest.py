@@ -3,7 +3,15 @@
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any
+
+# pytest caches the test modules and plugins it rewrites (asserts) as bytecode, unless Python
+# writes none: with PYTHONDONTWRITEBYTECODE set (as on this project's machines) every xdist
+# worker rewrote 178 modules (hypothesis, anyio, the tests) on each run, about 5 s of its
+# collection's 9-10 s. The workers start after this file is read, with the variable gone.
+sys.dont_write_bytecode = False
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
 # Each xdist worker computes on one thread (Polars' pool, Arrow's): the workers fill the cores
 # already, and a pool's idle threads spin between the many small queries of a test. Set before
