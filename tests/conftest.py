@@ -28,11 +28,12 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
         _worker = int(os.environ["PYTEST_XDIST_WORKER"].removeprefix("gw"))
         os.sched_setaffinity(0, {_cpus[_worker % len(_cpus)]})
 
-import pytest
-from tests import helpers
-from tests.helpers import open_ws, track_ok
+# (imported after the settings above, which Polars reads once)
+import pytest  # noqa: E402
+from tests import helpers  # noqa: E402
+from tests.helpers import open_ws, track_ok  # noqa: E402
 
-from engagelake import Workspace
+from engagelake import Workspace  # noqa: E402
 
 # the files whose tests use the Prefect test server (tests/prefect_harness.py)
 PREFECT_FILES = {"tests/test_cli.py", "tests/test_deployments.py", "tests/test_flows.py"}

@@ -102,6 +102,7 @@ def run_deployment_once(full_name: str, parameters: dict[str, Any] | None = None
     return state, result
 
 
+@pytest.mark.slow  # serves and runs every deployment through the Prefect server: about 7 s
 @pytest.mark.usefixtures("prefect_harness")
 def test_each_deployment_registers_and_runs_once_against_a_real_store(tmp_path: Path) -> None:
     from docket import Perpetual

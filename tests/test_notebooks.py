@@ -19,6 +19,7 @@ def test_there_are_notebooks() -> None:
     assert NOTEBOOKS, "notebooks/ holds no .ipynb file"
 
 
+@pytest.mark.slow  # a Jupyter kernel per notebook, each building a store: 5-6 s apiece
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
 def test_notebook_runs(path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     notebook = nbformat.read(path, as_version=4)

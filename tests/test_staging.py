@@ -88,6 +88,7 @@ def stage_counter(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return stages
 
 
+@pytest.mark.slow  # an equivalence: each batch applied twice, staged and held (2-3 s each)
 @pytest.mark.parametrize("batch", BATCHES, ids=["identities", "push", "history", "between-passes", "resources"])
 def test_staged_passes_answer_and_end_as_held_ones(tmp_path: Path, batch: list[dict[str, Any]],
                                                    stage_counter: list[int]) -> None:
@@ -118,6 +119,7 @@ def test_between_passes_reads_see_the_staged_rows(tmp_path: Path, stage_counter:
     assert export_users(again, ["external_id"], email_address="first@example.com") == []
 
 
+@pytest.mark.slow  # an equivalence: a batch run twice over a competing commit, then once alone
 def test_the_stages_folder_goes_with_the_batch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                stage_counter: list[int]) -> None:
     """Also when another writer commits first: the batch runs again, with stages of its own."""
@@ -142,6 +144,7 @@ def test_the_stages_folder_goes_with_the_batch(tmp_path: Path, monkeypatch: pyte
         assert alone.apply(IDENTITIES_AND_ATTRIBUTES) == got
 
 
+@pytest.mark.slow  # an equivalence: a generator's batch retried after a competing commit
 @pytest.mark.parametrize("spool", [16 << 20, 1], ids=["kept-in-memory", "spooled-to-disk"])
 def test_a_generator_is_read_once_as_the_batch_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                     stage_counter: list[int], spool: int) -> None:
