@@ -16,17 +16,21 @@ os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 # Each xdist worker computes on one thread (Polars' pool, Arrow's): the workers fill the cores
 # already, and a pool's idle threads spin between the many small queries of a test. Set before
 # Polars is imported (below, through the helpers); a run with -n 0 keeps every core.
-# Each worker is also pinned to a core of its own: every Polars query hands its work to the
-# pool's thread and waits, and a hand-off within one core costs a third of one across cores
-# (an eager join of tiny frames: 100 against 255 us here), so the default run took 3:44
-# instead of 4:31. The worker's threads, started later, inherit the pin.
+# Each worker is also pinned to a core of its own (when there are no more workers than cores):
+# every Polars query hands its work to the pool's thread and waits, and a hand-off within one
+# core costs about two-fifths of one across cores (an eager join of tiny frames: 100 against
+# 255 us here); the default run took 3:44 instead of 4:31. The worker's threads, started later,
+# inherit the pin, and so do the processes its tests start: a test whose processes must run
+# side by side gives them back every core (`helpers.unpinned`, from the variable below).
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("POLARS_MAX_THREADS", "1")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    if hasattr(os, "sched_setaffinity"):  # Linux
+    _worker = os.environ["PYTEST_XDIST_WORKER"].removeprefix("gw")
+    if hasattr(os, "sched_setaffinity") and _worker.isdigit():  # Linux, xdist's own worker names
         _cpus = sorted(os.sched_getaffinity(0))
-        _worker = int(os.environ["PYTEST_XDIST_WORKER"].removeprefix("gw"))
-        os.sched_setaffinity(0, {_cpus[_worker % len(_cpus)]})
+        if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", len(_cpus) + 1)) <= len(_cpus):
+            os.environ["ENGAGELAKE_TEST_CPUS"] = ",".join(map(str, _cpus))
+            os.sched_setaffinity(0, {_cpus[int(_worker) % len(_cpus)]})  # a restarted worker: gw2, ...
 
 # (imported after the settings above, which Polars reads once)
 import pytest  # noqa: E402
@@ -39,12 +43,13 @@ from engagelake import Workspace  # noqa: E402
 PREFECT_FILES = {"tests/test_cli.py", "tests/test_deployments.py", "tests/test_flows.py"}
 # the units of the default run that take longest, longest first (`--durations=0`, summed per file)
 LONGEST_FIRST = (
-    "prefect", "tests/test_forget_check.py", "tests/test_merge.py", "tests/test_staging.py",
-    "tests/test_track_attributes.py", "tests/test_track_identifiers.py", "tests/test_track_fatal.py",
-    "tests/test_partial_rows.py", "tests/test_store.py", "tests/test_merging.py", "tests/test_erasure.py",
-    "tests/test_identify.py", "tests/test_api_server.py", "tests/test_track_events.py",
-    "tests/test_track_subscriptions.py", "tests/test_export.py", "tests/test_bad_input.py",
-    "tests/test_apply_equals_call.py", "tests/test_notebooks.py", "tests/test_delete.py",
+    "prefect", "tests/test_track_fatal.py", "tests/test_merge.py", "tests/test_track_identifiers.py",
+    "tests/test_track_attributes.py", "tests/test_forget_check.py", "tests/test_api_server.py",
+    "tests/test_merging.py", "tests/test_partial_rows.py", "tests/test_store.py",
+    "tests/test_track_subscriptions.py", "tests/test_out_of_core.py", "tests/test_identify.py",
+    "tests/test_apply_equals_call.py", "tests/test_track_events.py", "tests/test_export.py",
+    "tests/test_bad_input.py", "tests/test_dispatch.py", "tests/test_preference_centers.py",
+    "tests/test_delete.py",
 )
 
 

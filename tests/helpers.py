@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -45,6 +46,15 @@ class Clock:
 # a folder of pytest's temporary directory; else one is made on first use): one new store per
 # seed, created once and copied for each `open_ws`, which costs about a quarter of creating one.
 TEMPLATES: Path | None = None
+
+
+def unpinned() -> None:
+    """Give this process every core the test run may use again: an xdist worker is pinned to
+    one (`tests/conftest.py`) and the processes it starts inherit that. For tests whose
+    processes must run side by side (a `ProcessPoolExecutor`'s `initializer`)."""
+    cpus = os.environ.get("ENGAGELAKE_TEST_CPUS")
+    if cpus and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {int(c) for c in cpus.split(",")})
 
 
 def templates() -> Path:

@@ -37,8 +37,8 @@ def prefect_harness(request: pytest.FixtureRequest) -> Iterator[None]:
 
         def seeded_folder() -> str:
             folder = Path(tempfile.mkdtemp())
-            if kept is not None and kept.exists():
-                _copy(kept, folder / DB_NAME)
+            if kept is not None and kept.exists() and not _copied(kept, folder / DB_NAME):
+                kept.unlink(missing_ok=True)  # unreadable: this run migrates and keeps a new one
             folders.append(folder)
             return str(folder)
 
@@ -51,17 +51,23 @@ def prefect_harness(request: pytest.FixtureRequest) -> Iterator[None]:
                 harness.prefect_test_harness(server_startup_timeout=120):
             if kept is not None and not kept.exists() and folders and (folders[0] / DB_NAME).exists():
                 partial = kept.with_suffix(f".{os.getpid()}.tmp")
-                _copy(folders[0] / DB_NAME, partial)
-                partial.replace(kept)  # whole or not at all, also beside a run in parallel
+                if _copied(folders[0] / DB_NAME, partial):
+                    partial.replace(kept)  # whole or not at all, also beside a run in parallel
             yield
 
 
-def _copy(source: Path, target: Path) -> None:
-    """A consistent copy of a SQLite database that a running server may be writing
-    (SQLite's online backup)."""
-    src, dst = sqlite3.connect(source), sqlite3.connect(target)
+def _copied(source: Path, target: Path) -> bool:
+    """Whether `target` became a consistent copy of the SQLite database `source`, which a
+    running server may be writing (SQLite's online backup). A failed copy leaves no `target`:
+    the cache is a shortcut, never a reason for a session to fail."""
     try:
-        src.backup(dst)
-    finally:
-        src.close()
-        dst.close()
+        src, dst = sqlite3.connect(source), sqlite3.connect(target)
+        try:
+            src.backup(dst)
+        finally:
+            src.close()
+            dst.close()
+    except (sqlite3.Error, OSError):
+        target.unlink(missing_ok=True)
+        return False
+    return True

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.helpers import SEED, TRACK, export_one, open_ws
+from tests.helpers import SEED, TRACK, export_one, open_ws, unpinned
 
 from engagelake import Workspace
 from engagelake.errors import StoreError
@@ -52,7 +52,7 @@ def test_writers_in_parallel_all_commit_and_lose_no_update(tmp_path: Path) -> No
     ws = open_ws(tmp_path)
     assert ws.call("POST", TRACK, {"attributes": [{"external_id": "shared", "count": 0}]}).status == 201
     context = multiprocessing.get_context("spawn")
-    with context.Manager() as manager, ProcessPoolExecutor(WRITERS + 1, mp_context=context) as pool:
+    with context.Manager() as manager, ProcessPoolExecutor(WRITERS + 1, mp_context=context, initializer=unpinned) as pool:
         done = manager.Event()
         reader = pool.submit(_reader, ws.store.uri, done)
         writers = [pool.submit(_writer, ws.store.uri, w) for w in range(WRITERS)]
