@@ -17,7 +17,7 @@ from tests.test_apply_equals_call import (
 )
 
 from engagelake.rules import messages as M
-from engagelake.rules.profile import parse
+from engagelake.rules.profile import attributes, parse
 from engagelake.rules.profile.attributes import attribute_errors, fold_attributes
 from engagelake.rules.profile.validate import (
     normalize_email,
@@ -50,10 +50,18 @@ def current(**values: str) -> pl.DataFrame:
 
 
 def folded(o: pl.DataFrame, cur: pl.DataFrame) -> dict[str, str | None]:
-    ups, dels = fold_attributes(o, cur)
-    out: dict[str, str | None] = {n: v for _, n, v in ups.iter_rows()}
-    out.update({n: None for _, n in dels.iter_rows()})
-    return out
+    """The fold's final values (None: deleted), the same whether the keys are coded as
+    integers first (big batches) or not (small ones)."""
+    results = []
+    for code_from in (0, attributes.CODE_KEYS_FROM):
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(attributes, "CODE_KEYS_FROM", code_from)
+            ups, dels = fold_attributes(o, cur)
+        out: dict[str, str | None] = {n: v for _, n, v in ups.iter_rows()}
+        out.update({n: None for _, n in dels.iter_rows()})
+        results.append(out)
+    assert results[0] == results[1]
+    return results[0]
 
 
 def test_inc_sums_over_the_batch_from_the_stored_value():

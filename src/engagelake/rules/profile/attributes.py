@@ -22,6 +22,9 @@ if TYPE_CHECKING:
 
 KEY = ["service_id", "name"]
 BIG = 1 << 40
+# below this many operations the fold runs on the keys themselves: coding them costs 28 small
+# queries, more than a small batch's joins and groupings on strings save
+CODE_KEYS_FROM = 2_000
 
 
 def value_type(text: pl.Expr) -> pl.Expr:
@@ -152,6 +155,8 @@ def fold_attributes(ops: pl.DataFrame, current: pl.DataFrame) -> tuple[pl.DataFr
     """Final values of the touched attributes: (upserts `service_id,name,value`, deleted keys)."""
     if ops.height == 0:
         return current.clear(), current.clear().select(KEY)
+    if ops.height < CODE_KEYS_FROM:  # `_fold` reads only the rows of `current` whose key is in `ops`
+        return _fold(ops, current)
     (ops, current), decode = _coded(ops, current)
     upserts, deleted = _fold(ops, current)
     return decode(upserts), decode(deleted)
