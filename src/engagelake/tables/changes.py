@@ -66,9 +66,11 @@ class Changes:
         rows = pl.concat([*staged, *(f.lazy() for f in mine)]).collect() if staged else pl.concat(mine)
         if key is not None:
             rows = newest(name, rows)
-        ups = rows.filter(~pl.col("_deleted")).drop("_deleted")
-        dels = rows.filter(pl.col("_deleted")).select(key) if key is not None else None
-        return ups if ups.height else None, dels if dels is not None and dels.height else None
+        # one split, in order (two filters and a drop were three queries, run twice a pass)
+        split = rows.partition_by("_deleted", as_dict=True, include_key=False, maintain_order=True)
+        ups, gone = split.get((False,)), split.get((True,))
+        dels = gone.select(key) if gone is not None and key is not None else None
+        return ups if ups is not None and ups.height else None, dels if dels is not None and dels.height else None
 
 
 def remap_history(log: pl.DataFrame, redirects: pl.DataFrame) -> pl.DataFrame:
