@@ -295,8 +295,8 @@ def _search_texts(texts: pl.DataFrame, rel: str, place: str, table: str | None,
         .sort("v", pl.col("kind") == "cut", "row")
         .unique(["v", "kind", "column", "detail"], maintain_order=True)
     )
-    rows = found.select("kind", "v", "column", "detail", "text").iter_rows()
-    for kind, v, column, detail, copy in rows:  # not hot: one row per place found, after the vectorized match
+    rows = found.select("kind", "v", "column", "detail", "text")
+    for kind, v, column, detail, copy in rows.iter_rows():  # not hot: one row per place found, after the vectorized match
         if kind == "whole":
             yield Occurrence(rel, place, table, column, values[v], detail)
         else:
