@@ -26,10 +26,6 @@ The script prints figures beside their targets; it asserts nothing.
 
 from __future__ import annotations
 
-# first, as the CLI and the flows do: engagelake tunes Polars' allocator, read when Polars loads
-import engagelake  # noqa: F401
-
-# isort: split
 import argparse
 import gc
 import json

@@ -2,16 +2,7 @@
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING, Any
-
-# Polars' allocator (jemalloc) gives freed pages back to the system after 0.5-1 s, and a batch
-# then faults them in again, zeroed: a pass of 200k objects faulted 1.2 GiB of pages, half of
-# them again (about 5 us each here: a fifth of P1's CPU was the kernel's). Kept 10 s, jemalloc's
-# own default, a batch reuses them: 1M objects took 0.57x the page faults and 0.70x the system
-# time (docs/performance.md). Read once, when Polars is loaded: this takes effect when
-# engagelake is imported first, and a value the environment sets wins.
-os.environ.setdefault("_RJEM_MALLOC_CONF", "dirty_decay_ms:10000,muzzy_decay_ms:10000")
 
 __version__ = "0.1.0"
 __all__ = [
