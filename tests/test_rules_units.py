@@ -128,6 +128,18 @@ def test_type_errors_see_only_applied_operations():
     assert attribute_errors(o2, current(t="[]")).to_dicts() == [{"seq": 2, "error": M.ERR_INC_NOT_NUMERIC}]
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["u1", "u2", None]), st.sampled_from(["a", "b"]),
+                          st.sampled_from(["NUMBER", "ARRAY", "MISSING", None])), max_size=30))
+def test_the_last_value_before_in_a_run_equals_the_window_over_the_keys(rows):
+    frame = pl.DataFrame(rows, schema={"service_id": pl.String, "name": pl.String, "rt": pl.String},
+                         orient="row").sort(["service_id", "name"], maintain_order=True, nulls_last=True)
+    keys = ["service_id", "name"]
+    got = frame.select(attributes.last_before_in_run("rt", keys))
+    want = frame.select(pl.col("rt").shift(1).forward_fill().over(keys))
+    assert_frame_equal(got, want)
+
+
 @pytest.mark.parametrize(
     ("raw", "expected"),
     [(" Ada@Example.COM ", "ada@example.com"), ("no-at-sign", None), ("a@b", None), ("a b@c.de", None)],

@@ -48,6 +48,24 @@ def _result_type() -> pl.Expr:
     )
 
 
+_RUN_START = "\x00run start"  # a text no type name is
+
+
+def last_before_in_run(column: str, keys: list[str]) -> pl.Expr:
+    """`pl.col(column).shift(1).forward_fill().over(keys)` for rows sorted by `keys`, and
+    `column` a string column: each row's last non-null value of `column` among the rows before
+    it with the same keys. Sorted rows of equal keys are runs, told apart by comparing each
+    row with the one before: `over` would hash every row's keys (a 24-character ID and a name)
+    to find its group, 140 ms against 2.5 ms for the 105k operations of a 200k-object pass."""
+    same = pl.lit(True)
+    for key in keys:
+        same &= pl.col(key).eq_missing(pl.col(key).shift(1))
+    starts = ~same | (pl.int_range(pl.len()) == 0)
+    # a run's first row holds a mark, so that filling forward never crosses into the next run
+    return (pl.when(starts).then(pl.lit(_RUN_START)).otherwise(pl.col(column).shift(1))
+            .forward_fill().replace(_RUN_START, None).alias(column))
+
+
 def attribute_errors(ops: pl.DataFrame, current: pl.DataFrame) -> pl.DataFrame:
     """`seq, error` of the first (by key position) operation per object that meets a value of
     the wrong type: `inc` on a non-number, `add`/`remove` on a non-array. Column `applied`
@@ -63,7 +81,7 @@ def attribute_errors(ops: pl.DataFrame, current: pl.DataFrame) -> pl.DataFrame:
         ops.select(*KEY, "seq", "kpos", "op", "value", "applied")
         .sort([*KEY, "seq"])
         .with_columns(rt=pl.when(pl.col("applied")).then(_result_type()))
-        .with_columns(prev=pl.col("rt").shift(1).forward_fill().over(KEY))
+        .with_columns(prev=last_before_in_run("rt", KEY))
         .join(cur, on=KEY, how="left")
         .with_columns(prev=pl.coalesce("prev", "cur_type", pl.lit("MISSING")))
     )
