@@ -57,7 +57,7 @@ def service_ids(seed: str, ordinals: pl.Series) -> pl.Series:
         out = con.sql(
             "SELECT left(sha256($seed || ':' || n::VARCHAR), 24) AS sid FROM ords", params={"seed": seed}
         ).to_arrow_table()
-    return pl.Series(out.column("sid").to_pylist(), dtype=pl.String)
+    return pl.Series(out.column("sid")).cast(pl.String)  # no Python string per ID (10 ms for 80k)
 
 
 def _asof(left: pl.DataFrame, timeline: pl.DataFrame, *, value: str, inclusive: bool) -> pl.DataFrame:
