@@ -237,7 +237,8 @@ def test_parse_reads_types_nulls_and_operations_of_awkward_values() -> None:
     """What the checks downstream rely on from `parse_track`, pinned on the awkward cases: a JSON
     null reads as absent at the top of an object but stays 'NULL' in a nested path, nested
     properties are flagged, an `inc` past 64 bits has a type and no value, an `add` of null is
-    the text 'null', and push tokens are listed with their own types."""
+    the text 'null', a null value has no text, keys match case-sensitively, and push tokens are
+    listed with their own types."""
     body = {
         "attributes": [{
             "external_id": "a", "user_alias": {"alias_name": None, "alias_label": 3}, "email": None,
@@ -245,7 +246,7 @@ def test_parse_reads_types_nulls_and_operations_of_awkward_values() -> None:
             "push_tokens": [{"app_id": "app", "token": "t"}, 3],
         }],
         "events": [None, {"external_id": 5, "name": "e", "properties": {"a": {"b": 1}}},
-                   {"name": "f", "properties": {"k": 1}}],
+                   {"name": "f", "properties": {"k": 1}, "External_ID": "b"}],
         "purchases": "not a list",
     }
     p = parse.parse_track(pa.table({"req": pa.array([0], pa.int64()), "body": [orjson.dumps(body).decode()]}))
@@ -264,5 +265,7 @@ def test_parse_reads_types_nulls_and_operations_of_awkward_values() -> None:
     assert (pairs["x"]["inc_t"], pairs["x"]["inc"], pairs["x"]["okeys"]) == ("UBIGINT", None, ["inc"])
     assert (pairs["y"]["add_t"], pairs["y"]["add"], pairs["z"]["remove"]) == ("NULL", "null", "[1]")
     assert (pairs["s"]["vt"], pairs["s"]["vs"], pairs["email"]["vt"]) == ("VARCHAR", "é", "NULL")
+    assert (pairs["s"]["v"], pairs["email"]["v"]) == ('"é"', None)
+    assert flat["ext_t"] is None  # `External_ID` is not `external_id`
     assert p.tokens.select("pos", "elem_t", "app_id", "token").rows() == [(0, "OBJECT", "app", "t"),
                                                                           (1, "UBIGINT", None, None)]
