@@ -125,7 +125,13 @@ def parse_times(text: pl.Series) -> pl.Series:
     """`parse_time` of a column, at a third of its cost: times in UTC parse with one format,
     and only the others (offsets, `:mmm` milliseconds, bad text) take the general path."""
     utc = text.str.contains(_UTC_TIME_RE).fill_null(False)
-    fast = text.str.to_datetime("%Y-%m-%dT%H:%M:%S%.fZ", strict=False, time_unit="us").dt.replace_time_zone("UTC")
+    # the seconds by a format without `%.f`, the fraction's first six digits as microseconds
+    # (truncated, as `%.f` does): a third of the cost of parsing `%.fZ`
+    fast = text.to_frame("t").select(
+        pl.col("t").str.slice(0, 19).str.to_datetime("%Y-%m-%dT%H:%M:%S", strict=False, time_unit="us")
+        + pl.duration(microseconds=pl.col("t").str.slice(20).str.strip_suffix("Z").str.pad_end(6, "0")
+                      .str.slice(0, 6).cast(pl.Int64, strict=False).fill_null(0))
+    ).to_series().dt.replace_time_zone("UTC")
     out = fast.zip_with(utc, pl.repeat(None, len(text), dtype=fast.dtype, eager=True))
     rest = (~utc & text.is_not_null()).arg_true()
     if rest.len():
