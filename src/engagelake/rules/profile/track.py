@@ -14,6 +14,8 @@ window functions over the batch.
 
 from __future__ import annotations
 
+import functools
+import operator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -28,7 +30,7 @@ from engagelake.rules.profile.parse import ARRAYS, ParsedTrack
 from engagelake.rules.profile.validate import ValidTrack
 from engagelake.rules.state import Changes, State
 from engagelake.tables.partial import SET, mask_of
-from engagelake.tables.schema import UTC_TS, conform
+from engagelake.tables.schema import SCHEMAS, UTC_TS, conform
 
 SEP = "\x1f"  # joins alias label and name, app_id and token, into one key
 
@@ -433,34 +435,34 @@ def _changes(b: _Batch) -> tuple[Changes, int]:
         b.acc_fields.select(sid=real("target"), seq="seq", field="field", value="value"),
         b.prop_subscribe.select(sid=real("sid"), seq="seq", field=pl.lit("email_subscribe"), value="value"),
     ]).sort("seq")
-    updated = b.upd_tl.select(sid=real("sid"), seq="seq").group_by("sid").agg(pl.col("seq").max())
-    touched = pl.concat([updated.select("sid"), writes.select("sid").unique()]).unique()
+    fields = writes["field"].unique().sort().to_list()
+    # one row per touched profile: its last update and, per field written, whether and what
+    # it last wrote (one grouping by the 24-character ID, and one join below, instead of one
+    # join per field). A write's object touches its profile, so every writer is in `upd_tl`.
+    is_write = pl.col("field").is_not_null()
+    touched = pl.concat([
+        b.upd_tl.select(sid=real("sid"), seq="seq", field=pl.lit(None, pl.String), value=pl.lit(None, pl.String)),
+        writes,
+    ]).group_by("sid").agg(
+        pl.col("seq").filter(~is_write).max(),
+        *(expr for f in fields for expr in (
+            (pl.col("field") == f).any().alias(f"_w_{f}"),
+            pl.col("value").filter(pl.col("field") == f).last().alias(f"_v_{f}"))),
+    ).rename({"sid": "service_id"})
     # existing profiles get partial rows (`tables/partial.py`): the fields written, unread;
     # new profiles whole rows
-    existing = touched.join(ids, left_on="sid", right_on="service_id", how="anti").select(service_id="sid")
-    base = pl.concat([existing, new], how="diagonal_relaxed")
-    base = conform("profiles", base).with_columns(
-        pl.when(pl.col("service_id").is_in(existing["service_id"].implode()))
-        .then(pl.lit(mask_of("profiles", []), pl.Int64)).alias(SET))
+    existing = touched.select("service_id").join(ids.select("service_id"), on="service_id", how="anti")
+    base = pl.concat([
+        conform("profiles", existing).with_columns(pl.lit(mask_of("profiles", []), pl.Int64).alias(SET)),
+        conform("profiles", new).with_columns(pl.lit(None, pl.Int64).alias(SET)),
+    ]).join(touched, on="service_id", how="left")
 
     def write(field: str, when: pl.Expr, value: pl.Expr) -> pl.Expr:
         return pl.when(when).then(value).otherwise(pl.col(field)).alias(field)
 
-    def mark(when: pl.Expr, *fields: str) -> pl.Expr:
-        return pl.when(when).then(pl.col(SET) | mask_of("profiles", list(fields))).otherwise(pl.col(SET)).alias(SET)
+    def bits(when: pl.Expr, *fields: str) -> pl.Expr:
+        return pl.when(when).then(pl.lit(mask_of("profiles", list(fields)), pl.Int64)).otherwise(0)
 
-    last = writes.group_by("sid", "field").agg(pl.col("value").last())
-    for field in last["field"].unique().to_list():
-        vals = last.filter(pl.col("field") == field).select(
-            pl.col("sid").alias("service_id"), pl.col("value").alias("_v"), _w=pl.lit(True))
-        base = base.join(vals, on="service_id", how="left")
-        v = pl.col("_v").str.json_decode(pl.List(pl.Float64)) if field == "last_coordinates" else pl.col("_v")
-        w = pl.col("_w").fill_null(False)
-        base = base.with_columns(write(field, w, v), mark(w, field))
-        if field == "language":
-            base = base.with_columns(write("language_explicit", w, pl.col("_v").is_not_null()),
-                                     mark(w, "language_explicit"))
-        base = base.drop("_v", "_w")
     # push_opted_in_at: the clock, when push_subscribe changed to opted_in (the one field
     # whose rule reads the stored row)
     push_writes = writes.filter(pl.col("field") == "push_subscribe")
@@ -475,14 +477,24 @@ def _changes(b: _Batch) -> tuple[Changes, int]:
         .filter((pl.col("value") == "opted_in") & (pl.col("prev").is_null() | (pl.col("prev") != "opted_in")))
         .select(pl.col("sid").alias("service_id")).unique().with_columns(_opt=pl.lit(True))
     )
-    opted = pl.col("_opt").fill_null(False)
-    base = base.join(push, on="service_id", how="left").with_columns(
-        write("push_opted_in_at", opted, now), mark(opted, "push_opted_in_at")).drop("_opt")
+    if push.height:
+        base = base.join(push, on="service_id", how="left")
+    opted = pl.col("_opt").fill_null(False) if push.height else pl.lit(False)
     touch = pl.col("seq").is_not_null()
-    base = base.join(updated.rename({"sid": "service_id"}), on="service_id", how="left").with_columns(
+    written = {f: pl.col(f"_w_{f}").fill_null(False) for f in fields}
+    values = {f: pl.col(f"_v_{f}") for f in fields}
+    if "last_coordinates" in values:
+        values["last_coordinates"] = values["last_coordinates"].str.json_decode(pl.List(pl.Float64))
+    if "language" in written:
+        written["language_explicit"], values["language_explicit"] = written["language"], pl.col("_v_language").is_not_null()
+    base = base.with_columns(
+        *(write(f, written[f], values[f]) for f in written),
+        write("push_opted_in_at", opted, now),
         write("updated_at", touch, now), write("update_seq", touch, pl.col("seq") + gbase),
-        mark(touch, "updated_at", "update_seq"),
-    ).drop("seq")
+        # a whole row's mask stays null
+        functools.reduce(operator.or_, [pl.col(SET), *(bits(written[f], f) for f in written),
+                                        bits(opted, "push_opted_in_at"), bits(touch, "updated_at", "update_seq")]).alias(SET),
+    ).select(*SCHEMAS["profiles"], SET)
     changes.upsert("profiles", base)
     # custom attributes
     ops = b.valid.custom.join(b.accepted, on="seq").with_columns(service_id=real("target")).drop("target")
