@@ -371,7 +371,10 @@ class _Batch:
 
     def __init__(self, state: State, *, clock: datetime, seed: str, batch_id: str,
                  before_big: Callable[[], None] = lambda: None, max_updates: int | None = None):
-        self.state = state
+        self._state = state
+        # the last pass's changes, until the state is next read: a pass that is staged next
+        # never needs them folded into the rows in memory (`_stage`)
+        self._unapplied: tuple[Changes, int, int] | None = None
         self.max_updates = max_updates  # track requests: attributes + events + purchases at most
         self.clock = clock
         self.seed = seed
@@ -386,13 +389,22 @@ class _Batch:
         # run merge: the two would otherwise hold their memory at once
         self._before_big: Callable[[], None] | None = before_big
 
+    @property
+    def state(self) -> State:
+        """The batch's state, every change written so far applied."""
+        if self._unapplied is not None:
+            changes, next_profile_n, next_update_seq = self._unapplied
+            self._unapplied = None
+            self._state = apply_changes(self._state, changes, next_profile_n=next_profile_n,
+                                        next_update_seq=next_update_seq)
+        return self._state
+
     def write(self, changes: Changes, *, next_profile_n: int | None = None,
               next_update_seq: int | None = None) -> None:
+        state = self.state
         self.changes.extend(changes)
-        self.state = apply_changes(
-            self.state, changes,
-            next_profile_n=self.state.next_profile_n if next_profile_n is None else next_profile_n,
-            next_update_seq=self.state.next_update_seq if next_update_seq is None else next_update_seq)
+        self._unapplied = (changes, state.next_profile_n if next_profile_n is None else next_profile_n,
+                           state.next_update_seq if next_update_seq is None else next_update_seq)
 
     def track(self, body: dict[str, Any]) -> Response:
         self.flush()
@@ -444,13 +456,21 @@ class _Batch:
         if self.stages is None:
             self._big()
             self.stages = Stages()
+        # the state before the last pass's changes will do: `resolve_changes` folds them over
+        # the rows it holds, and the batch starts a new state over the stages below
+        state, unapplied, self._unapplied = self._state, self._unapplied, None
+        next_profile_n, next_update_seq = state.next_profile_n, state.next_update_seq
+        if unapplied is not None:
+            for frames in unapplied[0].parts.values():
+                for frame in frames:
+                    state.note_subjects(frame)
+            next_profile_n, next_update_seq = unapplied[1:]
         # staged rows are whole: a later pass reads them back as the stored rows they shadow
-        self.stages.add(self.state.resolve_changes(self.changes), self.state.index_entries_stored())
+        self.stages.add(state.resolve_changes(self.changes), state.index_entries_stored())
         self.changes = Changes()
         assert self.stored is not None
-        self.state = State.over(StagedSource(self.stored, self.stages), next_profile_n=self.state.next_profile_n,
-                                next_update_seq=self.state.next_update_seq, reads=self.state.reads,
-                                subjects=self.state.subjects)
+        self._state = State.over(StagedSource(self.stored, self.stages), next_profile_n=next_profile_n,
+                                 next_update_seq=next_update_seq, reads=state.reads, subjects=state.subjects)
 
     def to_commit(self) -> tuple[Changes, dict[str, pl.DataFrame], Stages | None]:
         """Every change of the batch: those in memory, those staged (a batch that staged

@@ -254,9 +254,11 @@ class State:
 
     def resolve_changes(self, changes: Changes) -> Changes:
         """`changes` with the partial rows of keys the batch holds replaced by the whole rows
-        they made (held rows are current: nothing is read). Partial rows of keys not read stay
-        partial: the stages keep them so, and fold them over the stored rows when a later pass
-        reads those keys. The state is not updated: a batch starts a new one after staging."""
+        they make (nothing is read). The held rows may or may not have the partial rows
+        applied already: folding a partial row in again changes nothing. Partial rows of keys
+        not read stay partial: the stages keep them so, and fold them over the stored rows when
+        a later pass reads those keys. The state is not updated: a batch starts a new one after
+        staging."""
         for name in PARTIAL:
             if not (parts := changes.parts.get(name)):
                 continue
@@ -266,7 +268,8 @@ class State:
             held = self.known[name].join(partial.select(key), on=key, how="semi")
             if held.height == 0:
                 continue
-            whole = held.with_columns(_deleted=pl.lit(False), **{SET: pl.lit(None, pl.Int64)})
+            whole = fold_over(name, held, partial).with_columns(_deleted=pl.lit(False),
+                                                                 **{SET: pl.lit(None, pl.Int64)})
             changes.parts[name] = [pl.concat([rows.join(held.select(key), on=key, how="anti"),
                                               whole.select(rows.columns)])]
         return changes
