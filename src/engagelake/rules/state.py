@@ -260,9 +260,9 @@ class State:
         a later pass reads those keys. The state is not updated: a batch starts a new one after
         staging."""
         for name in PARTIAL:
-            if not (parts := changes.parts.get(name)):
+            if not changes.parts.get(name):
                 continue
-            rows = newest(name, pl.concat(parts))
+            rows = changes.newest(name)
             partial = rows.filter(pl.col(SET).is_not_null())
             key = list(KEYS[name] or ())
             held = self.known[name].join(partial.select(key), on=key, how="semi")
@@ -270,8 +270,8 @@ class State:
                 continue
             whole = fold_over(name, held, partial).with_columns(_deleted=pl.lit(False),
                                                                  **{SET: pl.lit(None, pl.Int64)})
-            changes.parts[name] = [pl.concat([rows.join(held.select(key), on=key, how="anti"),
-                                              whole.select(rows.columns)])]
+            changes.set_newest(name, pl.concat([rows.join(held.select(key), on=key, how="anti"),
+                                                whole.select(rows.columns)]))
         return changes
 
     def _note_stored(self, name: str, rows: pl.DataFrame) -> pl.DataFrame:

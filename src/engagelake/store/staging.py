@@ -24,7 +24,7 @@ import pyarrow.ipc
 from engagelake.store import scratch
 from engagelake.store.runs import SORT_BY, sort_order
 from engagelake.tables.changes import Changes
-from engagelake.tables.partial import PARTIAL, SET, field_bits, fold_over, fold_pair, newest
+from engagelake.tables.partial import PARTIAL, SET, field_bits, fold_over, fold_pair
 from engagelake.tables.schema import KEYS, SCHEMAS, read_back
 from engagelake.tables.source import STAGED, RowSource
 
@@ -56,12 +56,11 @@ class Stages:
         # unmapped, the pages a pass touched stop counting in the process's memory
         self._mapped.clear()
         for name, frames in changes.parts.items():
-            rows, key = pl.concat(frames), KEYS[name]
+            key = KEYS[name]
+            rows = pl.concat(frames) if key is None else changes.newest(name)
             if key is not None:
                 if name in PARTIAL:
-                    rows = self._fold_earlier(name, newest(name, rows))
-                else:
-                    rows = rows.unique(subset=list(key), keep="last", maintain_order=True)
+                    rows = self._fold_earlier(name, rows)
                 mask = [SET] if name in PARTIAL else []  # probes tell partial rows by it
                 staged = rows.select(*key, *mask, pl.lit(n, pl.Int32).alias(STAGE)).with_row_index(ROW)
                 old = self.newest.get(name)

@@ -20,6 +20,8 @@ class Changes:
     parts: dict[str, list[pl.DataFrame]] = field(default_factory=dict)
     # changes staged to files before `parts` (`store/staging.py`), read only when merged
     earlier: dict[str, list[pl.LazyFrame]] = field(default_factory=dict)
+    # keyed tables whose `parts` are one frame of one row per key (`newest` of what they were)
+    one_per_key: set[str] = field(default_factory=set)
 
     def upsert(self, name: str, rows: pl.DataFrame) -> None:
         """Upsert whole rows, or partial rows when `rows` has a `SET` mask column."""
@@ -28,6 +30,7 @@ class Changes:
             if name in PARTIAL:
                 part = part.with_columns((rows[SET] if SET in rows.columns else pl.lit(None, pl.Int64)).alias(SET))
             self.parts.setdefault(name, []).append(part)
+            self.one_per_key.discard(name)
 
     def delete(self, name: str, keys: pl.DataFrame) -> None:
         key = KEYS[name]
@@ -37,10 +40,25 @@ class Changes:
             if name in PARTIAL:
                 part = part.with_columns(pl.lit(None, pl.Int64).alias(SET))
             self.parts.setdefault(name, []).append(part)
+            self.one_per_key.discard(name)
 
     def extend(self, other: Changes) -> None:
         for name, frames in other.parts.items():
             self.parts.setdefault(name, []).extend(frames)
+            self.one_per_key.discard(name)
+
+    def newest(self, name: str) -> pl.DataFrame:
+        """The rows of keyed table `name`, one per key: the newest, partial rows folded
+        (`tables/partial.newest`; tombstones kept). They replace the table's parts, so that
+        the next caller (a pass's staging asks twice) finds them merged."""
+        if name not in self.one_per_key:
+            self.set_newest(name, newest(name, pl.concat(self.parts[name])))
+        return self.parts[name][0]
+
+    def set_newest(self, name: str, rows: pl.DataFrame) -> None:
+        """Replace the parts of keyed table `name` with `rows`, one row per key."""
+        self.parts[name] = [rows]
+        self.one_per_key.add(name)
 
     def __bool__(self) -> bool:
         return bool(self.parts or self.earlier)
