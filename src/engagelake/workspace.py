@@ -456,21 +456,34 @@ class _Batch:
         if self.stages is None:
             self._big()
             self.stages = Stages()
-        # the state before the last pass's changes will do: `resolve_changes` folds them over
-        # the rows it holds, and the batch starts a new state over the stages below
-        state, unapplied, self._unapplied = self._state, self._unapplied, None
-        next_profile_n, next_update_seq = state.next_profile_n, state.next_update_seq
-        if unapplied is not None:
-            for frames in unapplied[0].parts.values():
-                for frame in frames:
-                    state.note_subjects(frame)
-            next_profile_n, next_update_seq = unapplied[1:]
+        # `resolve_changes` folds the last pass's changes over the rows it holds, and the batch
+        # starts a new state over the stages below: they need not be applied
+        state = self._settled()
         # staged rows are whole: a later pass reads them back as the stored rows they shadow
         self.stages.add(state.resolve_changes(self.changes), state.index_entries_stored())
         self.changes = Changes()
         assert self.stored is not None
-        self._state = State.over(StagedSource(self.stored, self.stages), next_profile_n=next_profile_n,
-                                 next_update_seq=next_update_seq, reads=state.reads, subjects=state.subjects)
+        self._state = State.over(StagedSource(self.stored, self.stages), next_profile_n=state.next_profile_n,
+                                 next_update_seq=state.next_update_seq, reads=state.reads, subjects=state.subjects)
+
+    def _settled(self) -> State:
+        """The state with the last pass's counters and users, its rows without that pass's
+        changes: what staging and the commit read (they take the rows from `changes`). Only
+        they call it, as the state's rows are read no more."""
+        state, unapplied, self._unapplied = self._state, self._unapplied, None
+        if unapplied is not None:
+            changes, next_profile_n, next_update_seq = unapplied
+            for frames in changes.parts.values():
+                for frame in frames:
+                    state.note_subjects(frame)
+            state = dataclasses.replace(state, next_profile_n=next_profile_n, next_update_seq=next_update_seq)
+        self._state = state
+        return state
+
+    def for_commit(self) -> State:
+        """After the last pass: the state whose counters, reads, index entries and users the
+        commit records (`_settled`; a batch's last pass is never applied to it)."""
+        return self._settled()
 
     def to_commit(self) -> tuple[Changes, dict[str, pl.DataFrame], Stages | None]:
         """Every change of the batch: those in memory, those staged (a batch that staged
@@ -681,15 +694,16 @@ class Workspace:
             batch.flush(last=True)
             final = _as_json([r for r in batch.responses if r is not None])
             assert len(final) == len(batch.responses)
-            self.last_reads = batch.state.reads
+            settled = batch.for_commit()
+            self.last_reads = settled.reads
             changes, index_entries_stored, staged = batch.to_commit()
             if changes or staged is not None or idempotency_key is not None:
                 self.store.commit(
                     changes, key=idempotency_key, responses=[[r.status, r.body] for r in final],
-                    next_profile_n=batch.state.next_profile_n, next_update_seq=batch.state.next_update_seq,
+                    next_profile_n=settled.next_profile_n, next_update_seq=settled.next_update_seq,
                     index_entries_stored=index_entries_stored, staged=staged,
                     digest=digest() if digest is not None and idempotency_key is not None else None,
-                    subjects=batch.state.subject_ids(), read_at=read_at,
+                    subjects=settled.subject_ids(), read_at=read_at,
                 )
         finally:
             batch.close()
