@@ -60,15 +60,18 @@ def fatal_errors(parsed: ParsedTrack, *, max_updates: int | None = None) -> pl.D
         _err(pl.col("body_type") != "OBJECT", M.FATAL_BODY_NOT_OBJECT),
         _err(pl.all_horizontal(pl.col(f"{a}_type").is_null() for a in ARRAYS), M.FATAL_NO_ARRAYS),
     ]
+    # each request's first element that is no object, per array (most passes have none: no join)
+    not_objects = parsed.objects.filter(pl.col("obj_t") != "OBJECT")
+    if not_objects.height:
+        r = r.join(not_objects.group_by("req").agg(
+            pl.col("idx").filter(pl.col("arr") == n).min().alias(f"{a}_bad") for n, a in enumerate(ARRAYS)),
+            on="req", how="left")
+    else:
+        r = r.with_columns(pl.lit(None, parsed.objects.schema["idx"]).alias(f"{a}_bad") for a in ARRAYS)
     for a in ARRAYS:
         checks.append(_err(pl.col(f"{a}_type").is_not_null() & (pl.col(f"{a}_type") != "ARRAY"),
                            M.FATAL_NOT_ARRAY.format(array=a)))
         checks.append(_err(pl.col(f"{a}_len") > 75, M.FATAL_TOO_MANY.format(array=a)))
-        bad = (
-            parsed.objects.filter((pl.col("arr") == ARRAYS.index(a)) & (pl.col("obj_t") != "OBJECT"))
-            .group_by("req").agg(pl.col("idx").min().alias(f"{a}_bad"))
-        )
-        r = r.join(bad, on="req", how="left")
         checks.append(
             pl.when(pl.col(f"{a}_bad").is_not_null()).then(
                 pl.format(M.FATAL_ELEMENT_NOT_OBJECT.replace("{array}", a).replace("{index}", "{}"),
@@ -84,8 +87,9 @@ def fatal_errors(parsed: ParsedTrack, *, max_updates: int | None = None) -> pl.D
             & pl.col("ext").str.strip_chars().str.to_lowercase().is_in(list(M.BLOCKED_EXTERNAL_IDS))
         ).select("req").unique().with_columns(blocked=pl.lit(True))
     )
-    r = r.join(blocked, on="req", how="left")
-    checks.append(_err(pl.col("blocked").fill_null(False), M.FATAL_BLOCKED_EXTERNAL_ID))
+    if blocked.height:
+        r = r.join(blocked, on="req", how="left")
+        checks.append(_err(pl.col("blocked").fill_null(False), M.FATAL_BLOCKED_EXTERNAL_ID))
     return r.select("req", pl.coalesce(checks).alias("message")).filter(pl.col("message").is_not_null())
 
 
