@@ -295,10 +295,11 @@ def _custom_ops(pairs: pl.DataFrame) -> pl.DataFrame:
     )
     c = c.with_columns(op=op)
     deep_candidates = c.filter(pl.col("v").str.count_matches("{", literal=True) > F.MAX_DEPTH)
-    deep = deep_candidates.select("seq", "kpos").with_columns(
-        too_deep=_depth_exceeds(deep_candidates["v"])
-    )
-    c = c.join(deep, on=["seq", "kpos"], how="left").with_columns(pl.col("too_deep").fill_null(False))
+    if deep_candidates.height:  # rare: a join copies every column
+        deep = deep_candidates.select("seq", "kpos").with_columns(too_deep=_depth_exceeds(deep_candidates["v"]))
+        c = c.join(deep, on=["seq", "kpos"], how="left").with_columns(pl.col("too_deep").fill_null(False))
+    else:
+        c = c.with_columns(too_deep=pl.lit(False))
     name = pl.col("key")
     error = pl.coalesce(
         _err((name == "") | (name.str.len_chars() > F.MAX_NAME) | name.str.starts_with("$"), M.ERR_ATTRIBUTE_NAME),
@@ -320,8 +321,10 @@ def _custom_ops(pairs: pl.DataFrame) -> pl.DataFrame:
 
 def _list_errors(frame: pl.DataFrame, ok: pl.Expr, message: str, objects: pl.DataFrame, col: str) -> pl.DataFrame:
     """Per object: error when the key is not an array or any element is malformed."""
-    bad_elem = frame.filter(~ok.fill_null(False)).select("seq").unique()
     not_array = objects.filter(_present(col) & (pl.col(f"{col}_t") != "ARRAY")).select("seq")
+    if frame.height == 0:  # no element at all (most passes): only objects whose field is no array
+        return not_array.with_columns(pl.lit(message).alias(f"{col}_error"))
+    bad_elem = frame.filter(~ok.fill_null(False)).select("seq").unique()
     return pl.concat([bad_elem, not_array]).unique().with_columns(pl.lit(message).alias(f"{col}_error"))
 
 
