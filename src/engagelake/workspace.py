@@ -458,7 +458,7 @@ class _Batch:
             self.stages = Stages()
         # `resolve_changes` folds the last pass's changes over the rows it holds, and the batch
         # starts a new state over the stages below: they need not be applied
-        state = self._settled()
+        state = self.settled()
         # staged rows are whole: a later pass reads them back as the stored rows they shadow
         self.stages.add(state.resolve_changes(self.changes), state.index_entries_stored())
         self.changes = Changes()
@@ -466,7 +466,7 @@ class _Batch:
         self._state = State.over(StagedSource(self.stored, self.stages), next_profile_n=state.next_profile_n,
                                  next_update_seq=state.next_update_seq, reads=state.reads, subjects=state.subjects)
 
-    def _settled(self) -> State:
+    def settled(self) -> State:
         """The state with the last pass's counters and users, its rows without that pass's
         changes: what staging and the commit read (they take the rows from `changes`). Only
         they call it, as the state's rows are read no more."""
@@ -479,11 +479,6 @@ class _Batch:
             state = dataclasses.replace(state, next_profile_n=next_profile_n, next_update_seq=next_update_seq)
         self._state = state
         return state
-
-    def for_commit(self) -> State:
-        """After the last pass: the state whose counters, reads, index entries and users the
-        commit records (`_settled`; a batch's last pass is never applied to it)."""
-        return self._settled()
 
     def to_commit(self) -> tuple[Changes, dict[str, pl.DataFrame], Stages | None]:
         """Every change of the batch: those in memory, those staged (a batch that staged
@@ -694,7 +689,7 @@ class Workspace:
             batch.flush(last=True)
             final = _as_json([r for r in batch.responses if r is not None])
             assert len(final) == len(batch.responses)
-            settled = batch.for_commit()
+            settled = batch.settled()
             self.last_reads = settled.reads
             changes, index_entries_stored, staged = batch.to_commit()
             if changes or staged is not None or idempotency_key is not None:

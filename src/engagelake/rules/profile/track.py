@@ -438,7 +438,7 @@ def _changes(b: _Batch) -> tuple[Changes, int]:
     fields = writes["field"].unique().sort().to_list()
     # one row per touched profile: its last update and, per field written, whether and what
     # it last wrote (one grouping by the 24-character ID, and one join below, instead of one
-    # join per field). A write's object touches its profile, so every writer is in `upd_tl`.
+    # join per field)
     is_write = pl.col("field").is_not_null()
     touched = pl.concat([
         b.upd_tl.select(sid=real("sid"), seq="seq", field=pl.lit(None, pl.String), value=pl.lit(None, pl.String)),

@@ -48,6 +48,15 @@ def _present(col: str) -> pl.Expr:
     return pl.col(f"{col}_t").is_not_null() & (pl.col(f"{col}_t") != "NULL")
 
 
+def _first_of(branches: list[tuple[pl.Expr, pl.Expr]], otherwise: pl.Expr | None = None) -> pl.Expr:
+    """`when(c1).then(v1).when(c2).then(v2)...otherwise(...)` of the branches given: callers
+    leave out the branches no row can take, as Polars evaluates every branch of a chain."""
+    out = pl.lit(None) if otherwise is None else otherwise
+    for when, then in reversed(branches):
+        out = pl.when(when).then(then).otherwise(out)
+    return out
+
+
 def _err(cond: pl.Expr, message: str) -> pl.Expr:
     return pl.when(cond).then(pl.lit(message))
 
@@ -216,11 +225,9 @@ def _field_errors(pairs: pl.DataFrame, objects: pl.DataFrame) -> tuple[pl.DataFr
     present = set(f["key"].unique().to_list())
     normalized = {"email": normalize_email(s), "phone": normalize_phone(s), "country": s.str.to_uppercase(),
                   "language": s.str.to_lowercase(), "last_coordinates": pl.col("v")}
-    value: pl.Expr = pl.when(is_null).then(None)
-    for field, expr in normalized.items():
-        if field in present:
-            value = value.when(key == field).then(expr)  # type: ignore[attr-defined]
-    f = f.with_columns(value=value.otherwise(s))  # type: ignore[attr-defined]
+    value = _first_of([(is_null, pl.lit(None, pl.String)),
+                       *((key == field, expr) for field, expr in normalized.items() if field in present)], s)
+    f = f.with_columns(value=value)
     coord_re = r"^\[-?[0-9][0-9.eE+\-]*,-?[0-9][0-9.eE+\-]*\]$"
     coords_text = pl.when((key == "last_coordinates") & pl.col("v").str.contains(coord_re)).then(pl.col("v"))
     coords = coords_text.str.json_decode(pl.List(pl.Float64))
@@ -247,9 +254,7 @@ def _field_errors(pairs: pl.DataFrame, objects: pl.DataFrame) -> tuple[pl.DataFr
     subscribe = ["email_subscribe", "push_subscribe"]
     if present & set(subscribe):
         checks.append((key.is_in(subscribe), _err(~is_str | ~s.is_in(list(M.SUBSCRIBE_STATES)), "")))
-    bad: pl.Expr = pl.when(is_null).then(None)
-    for when, then in checks:
-        bad = bad.when(when).then(then)  # type: ignore[attr-defined]
+    bad = _first_of([(is_null, pl.lit(None, pl.String)), *checks])
     message = (
         pl.when(bad == "").then(
             pl.when(key.is_in(subscribe))
@@ -415,10 +420,9 @@ def validate_track(parsed: ParsedTrack, *, max_updates: int | None = None) -> Va
     pti_err = _err((pl.col("arr") == 0) & _present("pti") & (pl.col("pti_t") != "BOOLEAN"), M.ERR_PUSH_TOKEN_IMPORT)
     # each array's checks only when the pass has objects of it (every branch is evaluated)
     arrays = set(objects["arr"].unique().to_list())
-    by_array: pl.Expr = pl.lit(None, pl.String)
-    for n, array_err in reversed(list(enumerate((attributes_err, events_err, purchases_err)))):
-        if n in arrays:
-            by_array = pl.when(pl.col("arr") == n).then(array_err).otherwise(by_array)
+    by_array = _first_of([(pl.col("arr") == n, array_err)
+                          for n, array_err in enumerate((attributes_err, events_err, purchases_err)) if n in arrays],
+                         pl.lit(None, pl.String))
     objects = objects.with_columns(error=pl.coalesce(pti_err, by_array))
     # lazy: each selection filters only the columns it keeps
     valid = objects.lazy().filter(pl.col("error").is_null())
