@@ -420,7 +420,7 @@ def _copy_of_built(store: Path, build: Any) -> Workspace:
         ws.store.wait_for_merges()
         ws.close()
         building.rename(template)
-    shutil.copytree(template, store)
+    helpers.copy_store(template, store)
     return Workspace.open(store)
 
 

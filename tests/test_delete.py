@@ -3,7 +3,6 @@ for the user, delete then track (docs/identity.md)."""
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +17,7 @@ from tests.helpers import (
     alias,
     apply_and_call,
     base,
+    copy_store,
     event,
     export,
     open_ws,
@@ -92,7 +92,7 @@ def template(tmp_path_factory):
 def two(template, tmp_path):
     """a = profile 0 (alias crm:ann), b = profile 1 (alias crm:bob), both with every table;
     a copy of a store built once (a copy costs far less than the commits)."""
-    shutil.copytree(template, tmp_path / "store")
+    copy_store(template, tmp_path / "store")
     return open_ws(tmp_path)
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -12,6 +11,7 @@ import polars as pl
 import pytest
 from polars.testing import assert_frame_equal
 from prefect.states import Failed
+from tests.helpers import copy_store
 
 from engagelake import Workspace
 from engagelake.demo import count_objects, generate_workload, write_request_files
@@ -108,7 +108,7 @@ def test_track_batch_applies_each_file_and_writes_its_responses(first_run: tuple
 
 def test_track_batch_rerun_returns_stored_responses_and_changes_nothing(
         first_run: tuple[Path, list[Path], list[Any]], tmp_path: Path) -> None:
-    shutil.copytree(first_run[0], tmp_path, dirs_exist_ok=True)  # the first run's files and store
+    copy_store(first_run[0], tmp_path, dirs_exist_ok=True)  # the first run's files and store
     folder, store = tmp_path / "requests", tmp_path / "store"
     first = [(folder / a.path.name, a.statuses, (folder / a.responses_path.name).read_bytes()) for a in first_run[2]]
     before_tables, before_files = tables(store), store_files(store)
@@ -324,7 +324,7 @@ def four_users_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def four_users(four_users_template: Path, tmp_path: Path) -> Path:
     """A store holding u0 ... u3: a copy of one built once for the module."""
-    return shutil.copytree(four_users_template, tmp_path / "store")
+    return copy_store(four_users_template, tmp_path / "store")
 
 
 def test_merge_batch_applies_merge_files_and_is_safe_to_rerun(tmp_path: Path, four_users: Path) -> None:

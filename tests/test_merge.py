@@ -3,7 +3,6 @@ push tokens, deletion of the merged profile, chains, time (docs/identity.md)."""
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -18,6 +17,7 @@ from tests.helpers import (
     alias,
     apply_and_call,
     base,
+    copy_store,
     errors,
     event,
     export,
@@ -134,7 +134,7 @@ def clone(templates, tmp_path_factory, tmp_path):
             clock = Clock()
             build(open_ws(root, clock=clock), clock)
             templates[name] = root / "store"
-        shutil.copytree(templates[name], tmp_path / "store")
+        copy_store(templates[name], tmp_path / "store")
         return open_ws(tmp_path)
     return make
 
