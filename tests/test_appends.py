@@ -186,3 +186,39 @@ def test_a_string_with_no_short_upper_bound_has_no_bounds():
     stats = appends._Stats()
     stats.add(pa.table({"k": ["\U0010ffff" * 70, "a"]}), ["k"])
     assert orjson.loads(stats.json()) == {"numRecords": 2, "minValues": {}, "maxValues": {}, "nullCount": {"k": 0}}
+
+
+def test_a_table_created_empty_tells_its_columns_from_its_first_log_entry(tmp_path):
+    path = _table(tmp_path)
+    assert appends.created_empty(path) == frozenset(f.name for f in DeltaTable(path).schema().fields)
+    _append(path, ROWS.to_arrow())  # a later version changes nothing about the first
+    assert appends.created_empty(path) == frozenset(ROWS.columns)
+
+
+def test_a_table_whose_first_version_added_files_or_has_no_log_is_not_created_empty(tmp_path):
+    full = str(tmp_path / "full")
+    write_deltalake(full, ROWS.to_arrow(), mode="overwrite")  # version 0 holds a file
+    assert appends.created_empty(full) is None
+    assert appends.created_empty(str(tmp_path / "none")) is None
+
+
+def test_a_new_stores_tables_answer_without_loading_their_logs(tmp_path, monkeypatch):
+    from engagelake import Workspace
+    from engagelake.store import delta
+
+    ws = Workspace.open(tmp_path / "store", seed="s")
+    loads: list[str] = []
+    real = delta.DeltaTable
+
+    def counted(uri: str, *args, **kwargs):
+        loads.append(os.path.basename(uri))
+        return real(uri, *args, **kwargs)
+
+    monkeypatch.setattr(delta, "DeltaTable", counted)
+    fresh = Workspace.open(tmp_path / "store", seed="s")  # a new process's view: nothing cached
+    asked = fresh.call("POST", "/users/export/ids", {"external_ids": ["nobody"], "fields_to_export": ["first_name"]})
+    assert asked.body["invalid_user_ids"] == ["nobody"]
+    assert fresh.call("POST", "/users/track", {"attributes": [{"external_id": "a", "first_name": "A"}]}).status == 201
+    assert set(loads) <= {"_ledger"}, loads  # the tables read and written: none loaded
+    exported = ws.call("POST", "/users/export/ids", {"external_ids": ["a"], "fields_to_export": ["first_name"]})
+    assert exported.body["users"] == [{"first_name": "A"}]

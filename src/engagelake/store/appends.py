@@ -246,6 +246,28 @@ def commit(folder: str, version: int, adds: list[dict[str, Any]], rows: int,
     return version
 
 
+def created_empty(folder: str) -> frozenset[str] | None:
+    """The columns of the local table in `folder` when its first version added no file (as
+    every table a store creates starts), read from that version's log entry; None when it added
+    files, or the entry is gone or not plain. Loading the table's log through delta-rs costs
+    about 2.4 ms (a test's new store has 34 tables, and its first batches ask after most), this
+    about 0.1 ms."""
+    try:
+        with open(os.path.join(folder, "_delta_log", f"{0:020d}.json"), "rb") as f:
+            actions = [orjson.loads(line) for line in f.read().splitlines() if line.strip()]
+    except (OSError, orjson.JSONDecodeError):
+        return None
+    if any("add" in action for action in actions):
+        return None
+    schemas = [action["metaData"].get("schemaString") for action in actions if "metaData" in action]
+    if len(schemas) != 1 or not isinstance(schemas[0], str):
+        return None
+    try:
+        return frozenset(field["name"] for field in orjson.loads(schemas[0])["fields"])
+    except (orjson.JSONDecodeError, KeyError, TypeError):
+        return None
+
+
 def _checkpoint(folder: str) -> None:
     """A checkpoint, then the expired log cleanup, as delta-rs' commit hooks do every
     `delta.checkpointInterval` versions (100: engagelake never sets another)."""
@@ -253,6 +275,11 @@ def _checkpoint(folder: str) -> None:
     table.create_checkpoint()
     if (table.metadata().configuration.get("delta.enableExpiredLogCleanup") or "true").lower() == "true":
         table.cleanup_metadata()
+
+
+# the add actions of a version without files (`with_action` adds the statistics' columns)
+NO_ACTIONS = pa.table({"path": pa.array([], pa.string()), "size_bytes": pa.array([], pa.int64()),
+                       "modification_time": pa.array([], pa.int64()), "num_records": pa.array([], pa.int64())})
 
 
 def with_action(actions: pa.Table, add: dict[str, Any]) -> pa.Table:

@@ -478,6 +478,8 @@ class DeltaStore:
         """A table's newest version and its columns, for an append under the writer lock: kept
         from this process's last write while the log holds no entry after it (`_latest`)."""
         kept = self._heads.get(name)
+        if kept is None and self.head.versions.get(name) == 0 and (columns := self._as_created(name)) is not None:
+            kept = (0, columns)  # a table no batch wrote yet
         if (kept is None or not self._log_entry(name, kept[0]).exists()
                 or self._log_entry(name, kept[0] + 1).exists()):
             table = self._latest(name)
@@ -648,9 +650,23 @@ class DeltaStore:
             return []
         with self._cache_lock:
             files = self._files.get((name, version))
+            if files is None and version == 0 and self._as_created(name) is not None:
+                files = self._files[(name, version)]
             if files is None:
                 files = self._note_files(name, version, self._table_at(name, version))
             return files
+
+    def _as_created(self, name: str) -> frozenset[str] | None:
+        """The columns of a local table whose first version added no file (as a store creates
+        every table), noting that version's files and add actions (none), so that neither
+        that version nor those this process appends after it load the log; None otherwise."""
+        columns = appends.created_empty(self._path(name)) if self.local else None
+        if columns is not None:
+            with self._cache_lock:
+                self._keep_files(name, 0, [])
+                if name in SORT_BY:
+                    self._keep_actions(name, 0, appends.NO_ACTIONS)
+        return columns
 
     def _note_files(self, name: str, version: int, table: DeltaTable) -> list[str]:
         """Cache the data files of `table`, loaded at `version` (the cache lock is held)."""
