@@ -63,13 +63,13 @@ from engagelake import Workspace  # noqa: E402
 PREFECT_FILES = {"tests/test_cli.py", "tests/test_deployments.py", "tests/test_flows.py"}
 # the units of the default run that take longest, longest first (`--durations=0`, summed per file)
 LONGEST_FIRST = (
-    "prefect", "tests/test_track_fatal.py", "tests/test_merge.py", "tests/test_track_identifiers.py",
-    "tests/test_track_attributes.py", "tests/test_forget_check.py", "tests/test_api_server.py",
+    "prefect", "tests/test_merge.py", "tests/test_track_fatal.py", "tests/test_forget_check.py",
+    "tests/test_track_attributes.py", "tests/test_track_identifiers.py", "tests/test_api_server.py",
     "tests/test_merging.py", "tests/test_partial_rows.py", "tests/test_store.py",
-    "tests/test_track_subscriptions.py", "tests/test_out_of_core.py", "tests/test_identify.py",
-    "tests/test_apply_equals_call.py", "tests/test_track_events.py", "tests/test_export.py",
-    "tests/test_bad_input.py", "tests/test_dispatch.py", "tests/test_preference_centers.py",
-    "tests/test_delete.py",
+    "tests/test_apply_equals_call.py", "tests/test_out_of_core.py", "tests/test_identify.py",
+    "tests/test_track_subscriptions.py", "tests/test_erasure.py", "tests/test_store_damage.py",
+    "tests/test_preference_centers.py", "tests/test_track_events.py", "tests/test_bad_input.py",
+    "tests/test_lineage.py",
 )
 
 
