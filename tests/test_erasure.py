@@ -219,3 +219,32 @@ def test_compaction_removes_a_log_entry_a_killed_writer_never_linked(tmp_path: P
     ws.call("POST", "/users/delete", {"external_ids": ["victim"]})
     ws.compact()
     assert not left.exists() and list(log.glob("*.tmp")) == []
+
+
+def test_a_ledger_written_before_digests_and_subjects_compacts_as_it_reads(tmp_path: Path) -> None:
+    """An older store's ledger files lack the later columns: they read as nulls, its unkeyed
+    batches lose their stored responses, and a replay of a keyed batch is still refused."""
+    from deltalake import write_deltalake
+
+    from engagelake.store.delta import _DUCK_TYPES, LEDGER_SCHEMA
+
+    assert _DUCK_TYPES.keys() == LEDGER_SCHEMA.keys()
+    ws = open_store(tmp_path / "s", response_retention=timedelta(0))
+    victim_and_keeper(ws)
+    batch = [export_of("keeper-1", ["first_name"])]
+    ws.apply(batch, idempotency_key="k")
+    path = str(tmp_path / "s" / "_ledger")
+    old = ledger(tmp_path / "s").drop("digest", "subjects", "responses_dropped", "kind").with_columns(
+        responses=pl.when(pl.col("batch_key").is_null() & (pl.col("batch_no") > 0))
+        .then(pl.lit("[[201, {}]]")).otherwise(pl.col("responses")))  # older stores kept unkeyed responses
+    write_deltalake(path, old.to_arrow(), mode="overwrite", schema_mode="overwrite")
+    again = open_store(tmp_path / "s", response_retention=timedelta(0))
+    again.compact()
+    rows = ledger(tmp_path / "s")
+    assert set(rows.columns) == set(LEDGER_SCHEMA)
+    assert rows["batch_no"].to_list() == sorted(rows["batch_no"].to_list())
+    assert rows.filter(pl.col("responses").is_not_null()).height == 0
+    keyed = rows.filter(pl.col("batch_key") == "k").row(0, named=True)
+    assert (keyed["responses_dropped"], keyed["digest"]) == ("expired", None)
+    with pytest.raises(IdempotentResponsesExpired):
+        again.apply(batch, idempotency_key="k")

@@ -31,6 +31,7 @@ from urllib.parse import unquote
 
 import orjson
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from deltalake import DeltaTable
 
@@ -144,19 +145,20 @@ def check_store(uri: str | Path) -> Report:
         return report
     if not _check_files(report, ledger, LEDGER, version):
         return report
-    try:
+    try:  # a row per batch ever committed: the numbers of all, the versions of the newest only
         table = DeltaTable(str(ledger), version=version)
-        rows = pa.table(table.to_pyarrow_table(columns=["batch_no", "versions"]))
+        batches = pa.table(table.to_pyarrow_table(columns=["batch_no"])).column("batch_no")
+        head = pc.max(batches).as_py()
+        newest = pa.table(table.to_pyarrow_table(columns=["versions"], filters=[("batch_no", "=", head)])) \
+            if head is not None else None
     except Exception as error:  # noqa: BLE001 - any failure to read is the finding
         report.problems.append(Problem(str(ledger), f"version {version} cannot be read ({_first_line(error)})"))
         return report
-    if rows.num_rows == 0:
+    if newest is None or newest.num_rows == 0:
         report.problems.append(Problem(str(ledger), "holds no rows: it was not written by engagelake"))
         return report
-    batches = rows.column("batch_no").to_pylist()
-    newest = max(range(len(batches)), key=batches.__getitem__)
-    report.head = batches[newest]
-    versions: dict[str, int] = orjson.loads(rows.column("versions")[newest].as_py())
+    report.head = head
+    versions: dict[str, int] = orjson.loads(newest.column("versions")[0].as_py())
     _lost_ledger_rows(report, table, report.head)
     compacting = (root / COMPACTING).exists()
     if compacting:

@@ -109,6 +109,11 @@ LEDGER_WRITER = WriterProperties(  # statistics off by default: a nested column 
     column_properties={column: ColumnProperties(statistics_enabled="CHUNK") for column in LEDGER_STATS_COLUMNS})
 LEDGER_FILES = appends.FileOptions(statistics=LEDGER_STATS_COLUMNS)
 LEDGER_ARROW = pl.DataFrame(schema=LEDGER_SCHEMA).to_arrow().schema
+# the ledger's columns as DuckDB types (a column older files lack reads as a null of its type)
+_DUCK_TYPES = {"batch_no": "BIGINT", "batch_key": "VARCHAR", "committed_at": "TIMESTAMPTZ", "versions": "VARCHAR",
+               "next_profile_n": "BIGINT", "next_update_seq": "BIGINT", "seed": "VARCHAR", "responses": "VARCHAR",
+               "kind": "VARCHAR", "digest": "VARCHAR", "subjects": "VARCHAR[]", "responses_dropped": "VARCHAR"}
+ECHO_ROWS = 64  # ledger rows whose responses are searched at once (one can hold a big batch's)
 RESPONSE_RETENTION = timedelta(days=7)  # a keyed batch's responses are kept this long (default)
 # ledger rows that move rows between files and change no content: a batch that read the store
 # before one of them still holds (it is not stale)
@@ -1143,31 +1148,49 @@ class DeltaStore:
         it), whatever their age; those older than the retention window; those of unkeyed
         batches (older stores stored them). Each keyed batch keeps its key, digest and commit
         time, so a replay is refused, never applied twice. The old files (and log entries,
-        with their statistics) go with the tables'."""
-        rows = self._ledger(list(LEDGER_SCHEMA))
-        held = pl.col("responses").is_not_null()
-        concerned = (rows.lazy().filter(held & pl.col("subjects").is_not_null()).select("batch_no", "subjects")
-                     .explode("subjects").filter(pl.col("subjects").is_in(gone.implode()))
-                     .select("batch_no").unique().collect()["batch_no"])
-        names = identifiers["value"].str.split("\x1f").list.last().unique().to_list()  # an alias by its name
-        if names:  # as JSON strings: quoted, escaped as the responses hold them
-            quoted = [orjson.dumps(name).decode() for name in names]
-            echoes = rows.filter(held & pl.col("responses").str.contains_any(quoted))["batch_no"]
-            concerned = pl.concat([concerned, echoes]).unique()
-        cutoff = datetime.now(UTC) - self.response_retention
-        dropped = (pl.when(held & pl.col("batch_key").is_null()).then(None)
-                   .when(held & pl.col("batch_no").is_in(concerned.implode())).then(pl.lit("erased"))
-                   .when(held & (pl.col("committed_at") < cutoff)).then(pl.lit("expired"))
-                   .otherwise(pl.col("responses_dropped")))
-        gone_now = held & (pl.col("batch_key").is_null() | pl.col("dropped").is_not_null())
-        rows = (rows.with_columns(dropped.alias("dropped"))
-                .with_columns(*(pl.when(gone_now).then(None).otherwise(pl.col(c)).alias(c) for c in ("responses", "subjects")),
-                              pl.col("dropped").alias("responses_dropped"))
-                .drop("dropped").select(list(LEDGER_SCHEMA)))
+        with their statistics) go with the tables'.
+
+        The ledger holds a row per batch ever committed (a server commits a few a second), so
+        it is streamed through DuckDB within the memory limit, never held whole; only the
+        numbers of the batches whose responses go are."""
         table = DeltaTable(self._path(LEDGER))
-        table.alter.set_table_properties({**LEDGER_PROPERTIES, "delta.logRetentionDuration": "interval 0 days"})
-        write_deltalake(table, rows.sort("batch_no").to_arrow(), mode="overwrite", schema_mode="overwrite",
-                        writer_properties=LEDGER_WRITER)
+        files, in_order = _ledger_files(table)
+        cutoff = datetime.now(UTC) - self.response_retention
+        with merging.connection(self.memory_limit) as con:
+            present = set(con.sql(f"DESCRIBE SELECT * FROM read_parquet({files!r}, union_by_name = true)")
+                          .pl()["column_name"].to_list())
+            # a store older than a column has files without it: null, as it reads everywhere
+            con.sql(f"""CREATE TEMP VIEW ledger AS SELECT {", ".join(
+                f'"{c}"' if c in present else f'NULL::{_DUCK_TYPES[c]} AS "{c}"' for c in LEDGER_SCHEMA)}
+                FROM read_parquet({files!r}, union_by_name = true)""")
+            con.register("gone", pl.DataFrame({"service_id": gone}).to_arrow())
+            concerned = con.sql("""SELECT DISTINCT batch_no FROM (
+                SELECT batch_no, unnest(subjects) AS subject FROM ledger
+                WHERE responses IS NOT NULL AND subjects IS NOT NULL) JOIN gone ON subject = service_id""").pl()
+            names = identifiers["value"].str.split("\x1f").list.last().unique().to_list()  # an alias by its name
+            if names:  # as JSON strings: quoted, escaped as the responses hold them
+                quoted = [orjson.dumps(name).decode() for name in names]
+                held = con.sql("SELECT batch_no, responses FROM ledger WHERE responses IS NOT NULL")
+                for batch in held.to_arrow_reader(ECHO_ROWS):  # a batch's responses can be big
+                    rows = pl.DataFrame(pl.from_arrow(batch))
+                    concerned = pl.concat([concerned, rows.filter(pl.col("responses").str.contains_any(quoted))
+                                           .select("batch_no")])
+            con.register("concerned", concerned.unique().to_arrow())
+            sql = f"""
+                WITH marked AS (
+                  SELECT *, CASE WHEN held AND batch_key IS NULL THEN NULL
+                                 WHEN held AND batch_no IN (SELECT batch_no FROM concerned) THEN 'erased'
+                                 WHEN held AND committed_at < '{cutoff.isoformat()}'::TIMESTAMPTZ THEN 'expired'
+                                 ELSE responses_dropped END AS dropped
+                  FROM (SELECT *, responses IS NOT NULL AS held FROM ledger))
+                SELECT {", ".join(
+                    f'CASE WHEN held AND (batch_key IS NULL OR dropped IS NOT NULL) THEN NULL ELSE "{c}" END AS "{c}"'
+                    if c in ("responses", "subjects") else "dropped AS responses_dropped" if c == "responses_dropped"
+                    else f'"{c}"' for c in LEDGER_SCHEMA)}
+                FROM marked{"" if in_order else " ORDER BY batch_no"}"""  # sorting spilled, and took 300 MB more
+            table.alter.set_table_properties({**LEDGER_PROPERTIES, "delta.logRetentionDuration": "interval 0 days"})
+            write_deltalake(table, merging.stream(con, sql, LEDGER_ARROW), mode="overwrite",
+                            schema_mode="overwrite", writer_properties=LEDGER_WRITER)
 
     def _compacted(self, con: duckdb.DuckDBPyConnection, snap: Snapshot, name: str, batch_no: int,
                    gone: pl.Series, held: pl.DataFrame) -> pa.RecordBatchReader | pa.Table:
@@ -1292,6 +1315,20 @@ def _redacted_lineage(rows: pl.DataFrame, gone: pl.Series, identifiers: pl.DataF
         unresolved = pl.col(f"{side}_sid").is_null() & pl.any_horizontal(named).fill_null(False)
         redact[side] = pl.when(touched | unresolved).then(None).otherwise(text)
     return rows.with_columns(**redact)
+
+
+def _ledger_files(table: DeltaTable) -> tuple[list[str], bool]:
+    """The ledger's files, by their first batch; and whether their batches follow one another
+    in that order (each file's after the last of the file before, by their statistics): then
+    reading them in that order reads the rows in batch order."""
+    actions = pl.DataFrame(pa.table(table.get_add_actions(flatten=True)))
+    uris = {_file_name(uri): unquote(uri) for uri in table.file_uris()}
+    if "min.batch_no" not in actions.columns or actions["min.batch_no"].null_count():
+        return list(uris.values()), False
+    ordered = actions.sort("min.batch_no")
+    files = [uris[_file_name(path)] for path in ordered["path"].to_list()]
+    following = (ordered["min.batch_no"].slice(1) > ordered["max.batch_no"].slice(0, ordered.height - 1)).all()
+    return files, bool(following)
 
 
 class Snapshot:
