@@ -402,6 +402,43 @@ def test_reopened_store_equals_memory_after_a_batch_with_reads_between_changes(t
     assert reopened.export_users(["custom_attributes"]) == [{"custom_attributes": {"b": 2}}]
 
 
+def _count_row_group_reads(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
+    """(file, row group) of every ledger row group the store reads from now on."""
+    reads: list[tuple[str, int]] = []
+    read_row_group = delta.pq.ParquetFile.read_row_group
+
+    def counted(self: Any, group: int, *args: Any, **kwargs: Any) -> Any:
+        reads.append((self.reader.metadata.num_rows, group))
+        return read_row_group(self, group, *args, **kwargs)
+
+    monkeypatch.setattr(delta.pq.ParquetFile, "read_row_group", counted)
+    return reads
+
+
+def test_a_compacted_ledger_of_many_batches_opens_from_its_newest_row_group(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Compaction writes every batch's ledger row into one file, in row groups by batch: the
+    head comes from the last of them (a server commits a few batches a second)."""
+    from deltalake import write_deltalake
+
+    ws = open_ws(tmp_path)
+    ws.call("POST", TRACK, {"attributes": [{"external_id": "a", "n": 1}]})
+    ledger = str(tmp_path / "_ledger")
+    last = ws.store._ledger(list(delta.LEDGER_SCHEMA)).sort("batch_no").tail(1)
+    many = 3 * delta.LEDGER_GROUP_ROWS
+    first = last["batch_no"].item() + 1
+    write_deltalake(ledger, pl.concat([last] * many).with_columns(
+        batch_no=pl.int_range(first, first + many, dtype=pl.Int64)).to_arrow(), mode="append")
+    ws = open_ws(tmp_path)
+    ws.compact()  # its own ledger row (a layout row) comes after the file of every batch
+    reads = _count_row_group_reads(monkeypatch)
+    again = delta.DeltaStore(str(tmp_path))
+    assert (again.head.batch_no, again.head.content_batch) == (first + many, first + many - 1)
+    assert len(reads) == 2 and reads[1][0] > delta.LEDGER_GROUP_ROWS  # the compaction's row, the big file's last group
+    assert ws.call("POST", EXPORT, {"external_ids": ["a"], "fields_to_export": ["custom_attributes"]}).body[
+        "users"] == [{"custom_attributes": {"n": 1}}]
+
+
 def test_opening_reads_the_ledgers_newest_files_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The head comes from the newest ledger files (by their `batch_no` statistics): a store of
     many batches opens as a new one does. A newest row that only moved rows (a run merge) is
@@ -415,14 +452,7 @@ def test_opening_reads_the_ledgers_newest_files_only(tmp_path: Path, monkeypatch
     assert ws.store.merge_runs()  # ... then one: the newest ledger row moves rows only
     whole = ws.store._ledger(["batch_no", "kind", "versions"]).sort("batch_no")
     content = whole.filter(~pl.col("kind").is_in(["merge", "compaction"]).fill_null(False))["batch_no"].max()
-    reads: list[str] = []
-    read_parquet = delta.pl.read_parquet
-
-    def counted(path: str, **kwargs: Any) -> Any:
-        reads.append(path)
-        return read_parquet(path, **kwargs)
-
-    monkeypatch.setattr(delta.pl, "read_parquet", counted)
+    reads = _count_row_group_reads(monkeypatch)
     again = delta.DeltaStore(str(tmp_path))
     assert (again.head.batch_no, again.head.content_batch) == (whole["batch_no"].max(), content)
     assert again.head.versions == orjson.loads(whole["versions"][-1]) and whole.height >= 7

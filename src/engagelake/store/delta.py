@@ -42,6 +42,7 @@ import orjson
 import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 from deltalake import ColumnProperties, DeltaTable, WriterProperties, write_deltalake
 
 from engagelake.errors import NotAStore, StaleStoreError, StoreDamaged, StoreError, StoreReadOnly
@@ -102,9 +103,12 @@ LEDGER_SCHEMA = {
 }
 # The ledger's text meant only for replay (response bodies) and its users carry no statistics,
 # in the Delta log or in the Parquet footers: statistics would copy values out of the rows.
+LEDGER_GROUP_ROWS = 8192
 LEDGER_STATS_COLUMNS = ("batch_no", "batch_key", "committed_at", "kind")
 LEDGER_PROPERTIES = {"delta.dataSkippingStatsColumns": ",".join(LEDGER_STATS_COLUMNS)}
 LEDGER_WRITER = WriterProperties(  # statistics off by default: a nested column takes no other setting
+    # a compacted ledger is one file of every batch: opening reads its newest row group only
+    max_row_group_size=LEDGER_GROUP_ROWS,
     compression="SNAPPY", default_column_properties=ColumnProperties(statistics_enabled="NONE"),
     column_properties={column: ColumnProperties(statistics_enabled="CHUNK") for column in LEDGER_STATS_COLUMNS})
 LEDGER_FILES = appends.FileOptions(statistics=LEDGER_STATS_COLUMNS)
@@ -545,14 +549,22 @@ class DeltaStore:
         if not self.local or "max.batch_no" not in actions.column_names or actions.column("max.batch_no").null_count:
             return self._ledger(columns).sort("batch_no")
         uris = {_file_name(uri): unquote(uri) for uri in table.file_uris()}
-        present = {field.name for field in table.schema().fields}
         newest = pl.DataFrame(actions.select(["path", "max.batch_no"])).sort("max.batch_no", descending=True)
-        parts = []
-        for path in newest["path"].to_list():  # a few files: the newest content row is near
-            frame = pl.read_parquet(uris[_file_name(path)], columns=[c for c in columns if c in present])
-            parts.append(frame.with_columns(pl.lit(None, LEDGER_SCHEMA[c]).alias(c) for c in columns if c not in present))
-            if parts[-1].filter(_CHANGED_CONTENT).height:
+        parts: list[pl.DataFrame] = []
+        content: int | None = None  # the newest content row's batch found so far
+        for path, file_max in newest.iter_rows():  # a few files, a few row groups: the newest content row is near
+            if content is not None and file_max <= content:
                 break
+            file = pq.ParquetFile(uris[_file_name(path)])
+            names = file.schema_arrow.names
+            for group, group_max in _groups_newest_first(file, "batch_no"):
+                if content is not None and group_max is not None and group_max <= content:
+                    break
+                frame = pl.DataFrame(pl.from_arrow(file.read_row_group(group, columns=[c for c in columns if c in names])))
+                parts.append(frame.with_columns(pl.lit(None, LEDGER_SCHEMA[c]).alias(c) for c in columns if c not in names))
+                found = parts[-1].filter(_CHANGED_CONTENT).select(pl.col("batch_no").max()).item()
+                if found is not None and (content is None or found > content):
+                    content = int(found)
         return pl.concat(parts, how="vertical_relaxed").sort("batch_no")
 
     def _recover(self, head: Head | None = None, tables: list[str] | None = None) -> None:
@@ -1315,6 +1327,17 @@ def _redacted_lineage(rows: pl.DataFrame, gone: pl.Series, identifiers: pl.DataF
         unresolved = pl.col(f"{side}_sid").is_null() & pl.any_horizontal(named).fill_null(False)
         redact[side] = pl.when(touched | unresolved).then(None).otherwise(text)
     return rows.with_columns(**redact)
+
+
+def _groups_newest_first(file: pq.ParquetFile, column: str) -> list[tuple[int, int | None]]:
+    """A file's row groups with their greatest `column` (None: no statistics, read first),
+    greatest first: a compacted ledger holds every batch in one file."""
+    at = file.schema_arrow.names.index(column)
+    groups = []
+    for group in range(file.metadata.num_row_groups):
+        stats = file.metadata.row_group(group).column(at).statistics
+        groups.append((group, stats.max if stats is not None and stats.has_min_max else None))
+    return sorted(groups, key=lambda g: (g[1] is not None, -(g[1] or 0)))
 
 
 def _ledger_files(table: DeltaTable) -> tuple[list[str], bool]:
