@@ -1169,12 +1169,12 @@ class DeltaStore:
         files, in_order = _ledger_files(table)
         cutoff = datetime.now(UTC) - self.response_retention
         with merging.connection(self.memory_limit) as con:
-            present = set(con.sql(f"DESCRIBE SELECT * FROM read_parquet({files!r}, union_by_name = true)")
-                          .pl()["column_name"].to_list())
-            # a store older than a column has files without it: null, as it reads everywhere
+            source = merging.read_files(files, partial=True)  # by name: older files lack later columns
+            present = set(con.sql(f"DESCRIBE SELECT * FROM {source}").pl()["column_name"].to_list())
+            # a column no file has yet (a store older than it) reads as a null, as it does everywhere
             con.sql(f"""CREATE TEMP VIEW ledger AS SELECT {", ".join(
                 f'"{c}"' if c in present else f'NULL::{_DUCK_TYPES[c]} AS "{c}"' for c in LEDGER_SCHEMA)}
-                FROM read_parquet({files!r}, union_by_name = true)""")
+                FROM {source}""")
             con.register("gone", pl.DataFrame({"service_id": gone}).to_arrow())
             concerned = con.sql("""SELECT DISTINCT batch_no FROM (
                 SELECT batch_no, unnest(subjects) AS subject FROM ledger
@@ -1332,7 +1332,7 @@ def _redacted_lineage(rows: pl.DataFrame, gone: pl.Series, identifiers: pl.DataF
 def _groups_newest_first(file: pq.ParquetFile, column: str) -> list[tuple[int, int | None]]:
     """A file's row groups with their greatest `column` (None: no statistics, read first),
     greatest first: a compacted ledger holds every batch in one file."""
-    at = file.schema_arrow.names.index(column)
+    at = file.schema.names.index(column)  # a leaf column's place (`column` is a flat one)
     groups = []
     for group in range(file.metadata.num_row_groups):
         stats = file.metadata.row_group(group).column(at).statistics
