@@ -222,3 +222,12 @@ def test_a_new_stores_tables_answer_without_loading_their_logs(tmp_path, monkeyp
     assert set(loads) <= {"_ledger"}, loads  # the tables read and written: none loaded
     exported = ws.call("POST", "/users/export/ids", {"external_ids": ["a"], "fields_to_export": ["first_name"]})
     assert exported.body["users"] == [{"first_name": "A"}]
+
+
+@pytest.mark.parametrize("entry", [b"not json\n", b'{"metaData":{"schemaString":"not json"}}\n',
+                                   b'{"metaData":{}}\n{"metaData":{}}\n'])
+def test_a_first_log_entry_that_is_not_plain_tells_nothing(tmp_path, entry):
+    log = tmp_path / "t" / "_delta_log"
+    log.mkdir(parents=True)
+    (log / f"{0:020d}.json").write_bytes(entry)
+    assert appends.created_empty(str(tmp_path / "t")) is None

@@ -439,6 +439,26 @@ def test_a_compacted_ledger_of_many_batches_opens_from_its_newest_row_group(
         "users"] == [{"custom_attributes": {"n": 1}}]
 
 
+def test_a_ledger_whose_files_interleave_is_compacted_in_batch_order(tmp_path: Path) -> None:
+    """Files whose batch ranges overlap (none of engagelake's writes make them) are sorted."""
+    from deltalake import write_deltalake
+
+    ws = open_ws(tmp_path)
+    ws.call("POST", TRACK, {"attributes": [{"external_id": "a", "n": 1}]})
+    last = ws.store._ledger(list(delta.LEDGER_SCHEMA)).sort("batch_no").tail(1)
+    first = last["batch_no"].item() + 1
+    for parity in (0, 1):  # two files: the even batches, then the odd ones
+        numbers = [n for n in range(first, first + 20) if n % 2 == parity]
+        write_deltalake(str(tmp_path / "_ledger"), pl.concat([last] * len(numbers)).with_columns(
+            batch_no=pl.Series(numbers, dtype=pl.Int64)).to_arrow(), mode="append")
+    assert not delta._ledger_files(DeltaTable(str(tmp_path / "_ledger")))[1]
+    open_ws(tmp_path).compact()
+    files = DeltaTable(str(tmp_path / "_ledger")).file_uris()
+    rows = max((pl.read_parquet(f)["batch_no"].to_list() for f in files), key=len)  # the compacted file
+    assert rows == sorted(rows) and rows[-20:] == list(range(first, first + 20))
+    assert delta.DeltaStore(str(tmp_path)).head.content_batch == first + 19
+
+
 def test_opening_reads_the_ledgers_newest_files_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The head comes from the newest ledger files (by their `batch_no` statistics): a store of
     many batches opens as a new one does. A newest row that only moved rows (a run merge) is
