@@ -17,6 +17,7 @@ import argparse
 import asyncio
 import os
 import random
+import shutil
 import signal
 import socket
 import statistics
@@ -112,7 +113,8 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--store", type=Path, default=None, help="a fresh store folder (default: a temporary one)")
     args = ap.parse_args()
-    store = args.store or Path(tempfile.mkdtemp(prefix="engagelake-server-")) / "store"
+    temporary = None if args.store else Path(tempfile.mkdtemp(prefix="engagelake-server-"))
+    store = args.store or temporary / "store"
     cli = [str(Path(sys.executable).with_name("engagelake"))]  # the installed command
     created = subprocess.run([*cli, "keys", "create", "--store", str(store), "--name", "bench",
                               "--permissions", "users.track,users.export.ids"],
@@ -167,6 +169,8 @@ def main() -> None:
     table.add_row("CPU cores busy: server / load generator",
                   f"{server_cpu / elapsed:.2f} / {client_cpu / elapsed:.2f} of {os.cpu_count()}", "")
     console.print(table)
+    if temporary is not None:  # a run that failed keeps its store and server.log for a look
+        shutil.rmtree(temporary, ignore_errors=True)
 
 
 if __name__ == "__main__":
