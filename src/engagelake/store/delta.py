@@ -548,7 +548,7 @@ class DeltaStore:
         actions = pa.table(table.get_add_actions(flatten=True))
         if not self.local or "max.batch_no" not in actions.column_names or actions.column("max.batch_no").null_count:
             return self._ledger(columns).sort("batch_no")
-        uris = {_file_name(uri): unquote(uri) for uri in table.file_uris()}
+        uris = _paths_by_name(table)
         newest = pl.DataFrame(actions.select(["path", "max.batch_no"])).sort("max.batch_no", descending=True)
         parts: list[pl.DataFrame] = []
         content: int | None = None  # the newest content row's batch found so far
@@ -1345,7 +1345,7 @@ def _ledger_files(table: DeltaTable) -> tuple[list[str], bool]:
     in that order (each file's after the last of the file before, by their statistics): then
     reading them in that order reads the rows in batch order."""
     actions = pl.DataFrame(pa.table(table.get_add_actions(flatten=True)))
-    uris = {_file_name(uri): unquote(uri) for uri in table.file_uris()}
+    uris = _paths_by_name(table)
     if "min.batch_no" not in actions.columns or actions["min.batch_no"].null_count():
         return list(uris.values()), False
     ordered = actions.sort("min.batch_no")
@@ -1490,6 +1490,12 @@ class Snapshot:
 def _file_name(path: str) -> str:
     """A data file's name (unique in its table: delta-rs puts a UUID in it), decoded."""
     return unquote(path.rsplit("/", 1)[-1])
+
+
+def _paths_by_name(table: DeltaTable) -> dict[str, str]:
+    """A local table's data files by their names (add actions name them relative and
+    percent-encoded, `file_uris` absolute)."""
+    return {_file_name(uri): unquote(uri) for uri in table.file_uris()}
 
 
 def _sql_text(value: str) -> str:
