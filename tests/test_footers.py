@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engagelake import Workspace
+from engagelake.store import delta
 from engagelake.store.footers import BLOOM_SUFFIX, INDEX_FOLDER, INDEX_SUFFIX, read_footer
 from engagelake.store.runs import SORT_BY
 from helpers import event, export_one, open_ws, track_ok
@@ -133,3 +134,36 @@ def test_run_merges_and_compaction_index_their_files_and_a_fresh_reader_parses_n
     assert fresh.store.footers.footers_read > 0 and fresh.store.footers.footers_parsed == 0
     assert export_one(fresh, "b0-u2", ["custom_attributes"]) == {"custom_attributes": {"plan": "pro"}}
     assert export_one(fresh, "nobody", ["custom_attributes"]) is None  # absent keys: ruled out by the filters
+
+
+def test_a_batchs_big_runs_are_indexed_before_its_ledger_row(tmp_path: Path, monkeypatch) -> None:
+    """A commit indexes the runs it writes of at least INDEXED_RUN_ROWS rows, before its ledger
+    row: a fresh reader probes them by their index and Bloom filter, never their footers, and a
+    key they lack reads none of their row groups."""
+    monkeypatch.setattr(delta, "INDEXED_RUN_ROWS", 40)
+    ws = open_ws(tmp_path)
+    ws.store.background_merges = False
+    store = tmp_path / "store"
+    seen: list[set[str]] = []
+
+    def at(name: str) -> None:
+        if name == "before_ledger":
+            seen.append(_blooms(store))
+
+    monkeypatch.setattr(delta, "_failpoint", at)
+    track_ok(ws, attributes=[{"external_id": f"u{n}", "plan": "pro"} for n in range(50)])
+    track_ok(ws, attributes=[{"external_id": "u0", "plan": "free"}])  # a small run: not indexed
+    monkeypatch.undo()
+    indexed = _indexes(store)
+    assert indexed == _blooms(store) == seen[0]  # indexed before the first batch's ledger row
+    assert seen[1] == seen[0]
+    big = {Path(f).name for name in ("profiles", "attributes", "external_ids")
+           for f in ws.store.files(name, ws.store.head.versions[name])[:1]}
+    small = {Path(f).name for f in ws.store.files("attributes", ws.store.head.versions["attributes"])[1:]}
+    assert big <= indexed and not small & indexed
+
+    fresh = open_ws(tmp_path)
+    assert export_one(fresh, "nobody", ["custom_attributes"]) is None
+    assert fresh.store.footers.groups_read == 0  # ruled out by the filters: no row group read
+    assert export_one(fresh, "u7", ["custom_attributes"]) == {"custom_attributes": {"plan": "pro"}}
+    assert export_one(fresh, "u0", ["custom_attributes"]) == {"custom_attributes": {"plan": "free"}}

@@ -143,6 +143,11 @@ MERGED_FILE_BYTES = 100 << 20
 CREATING = "_creating"  # marker file: a store is being created (its ledger is written last)
 WRITER_LOCK = "_writer.lock"
 MERGE_ENV = "ENGAGELAKE_MERGE_TRIGGER"  # runs a table may hold before a batch merges (tuning, tests)
+# A batch's run of at least this many rows gets its footer index and Bloom filter before the
+# batch commits, as merged runs do after their merge: a probe of a key the run lacks then skips
+# it instead of reading the row group its fences name. Below it, a probe reads a few row groups
+# at most, and indexing would cost every small commit (a 1,024-row file: 2.8 ms).
+INDEXED_RUN_ROWS = 8 * ROW_GROUP_ROWS
 
 
 def writer(name: str) -> WriterProperties:
@@ -350,6 +355,7 @@ class DeltaStore:
         # merge pass that took them earlier would read a head without the batch's runs, find
         # nothing to merge, and leave them unmerged until the next commit)
         self._due_pending: set[str] = set()
+        self._runs_to_index: list[tuple[str, str]] = []  # (table, file) of the batch being written
         self._due_lock = threading.Lock()  # `_merge_due` and `_merging`, between a batch and the merge thread
         self._merging = False  # a merge pass is running (`_start_merges`)
         self.merge_errors: list[BaseException] = []  # a failed merge pass loses nothing (see merge_runs)
@@ -466,6 +472,8 @@ class DeltaStore:
             version, columns = self._newest(name)
             if set(schema.names) <= columns:
                 added = appends.write_file(self._path(name), data, schema, options)
+                if added is not None and name in SORT_BY and added[1] >= INDEXED_RUN_ROWS:
+                    self._runs_to_index.append((name, os.path.join(self._path(name), added[0]["path"])))
                 mine = appends.commit(self._path(name), version + 1, [added[0]] if added else [],
                                       added[1] if added else 0)
                 self._heads[name] = (mine, columns)
@@ -1016,6 +1024,7 @@ class DeltaStore:
         batch_no = self.head.batch_no + 1
         versions = dict(self.head.versions)
         streamed = staged.streamed() if staged is not None else set()
+        self._runs_to_index = []  # none left from a write that failed
         _failpoint("before_tables")
         entries: dict[str, pl.DataFrame] = {}  # per index: the new (value, key) pairs
         for name in TABLES:  # a fixed table order: the commit's failpoints depend on it
@@ -1043,6 +1052,7 @@ class DeltaStore:
             if index in entries and entries[index].height:
                 self._write_rows(index, entries[index].with_columns(
                     _batch=pl.lit(batch_no, pl.Int64), _deleted=pl.lit(False)), versions)
+        self._index_runs()
         _failpoint("before_ledger")
         try:
             mine = self._append_ledger(batch_no, key, versions, next_profile_n, next_update_seq, self.head.seed,
@@ -1059,6 +1069,17 @@ class DeltaStore:
             self._ledger_version = mine
         _failpoint("after_ledger")
         self.head = Head(batch_no, versions, next_profile_n, next_update_seq, self.head.seed, content_batch=batch_no)
+
+    def _index_runs(self) -> None:
+        """Write the footer indexes and Bloom filters of the batch's big runs, before the
+        ledger row makes them visible: no reader meets them unindexed. A crash before the
+        ledger row leaves indexes of files no version holds (`prune_indexes` removes them)."""
+        written, self._runs_to_index = self._runs_to_index, []
+        by_column: dict[str, list[str]] = {}
+        for name, path in written:
+            by_column.setdefault(SORT_BY[name], []).append(path)
+        for column, paths in by_column.items():
+            self.footers.index(paths, column)
 
     def _landed(self, batch_no: int) -> bool:
         """Whether the ledger now holds batch `batch_no` (the writer lock is held: no other
