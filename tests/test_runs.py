@@ -316,3 +316,47 @@ def test_a_bloom_filter_skips_the_files_that_hold_none_of_the_keys(tmp_path) -> 
     assert read_where([path], "k", absent[:20], few, SCHEMA).height == 0 and few.groups_read <= 2
     some = pl.concat([absent, pl.Series(["000002", "199998"])])
     assert read_where([path], "k", some, indexed, SCHEMA).sort("k")["k"].to_list() == ["000002", "199998"]
+
+
+SPARSE = {"k": pl.String(), "s": pl.String(), "n": pl.Int64(), "l": pl.List(pl.Float64())}
+LISTS = st.sampled_from([None, [], [1.5], [0.0, -2.0]])
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    rows=st.lists(st.tuples(st.sampled_from(KEYS), st.sampled_from([None, None, "x", "é"]),
+                            st.sampled_from([None, None, None, 7]), LISTS), min_size=1, max_size=40),
+    group=st.integers(1, 6),
+    wanted=st.lists(st.sampled_from([*KEYS, "ü"]), min_size=1, max_size=6),
+    asked=st.sampled_from([None, ["s"], ["n", "l"], ["k", "s", "n", "l"]]),
+)
+def test_a_point_read_skips_null_column_chunks_and_returns_what_a_filter_returns(
+        tmp_path_factory, rows, group, wanted, asked) -> None:
+    """Columns whose chunks hold only nulls in the row groups read are left out of the read and
+    come back null; a list column is always read (an empty list is a null to the statistics)."""
+    path = tmp_path_factory.mktemp("sparse") / "f.parquet"
+    frame = pl.DataFrame(rows, schema=SPARSE, orient="row").sort("k", maintain_order=True)
+    pq.write_table(frame.to_arrow(), path, row_group_size=group)
+    values = pl.Series(wanted, dtype=pl.String)
+    share, per_group = runs.WHOLE_FILE_SHARE, runs.WHOLE_FILE_KEYS_PER_GROUP
+    runs.WHOLE_FILE_SHARE, runs.WHOLE_FILE_KEYS_PER_GROUP = 0, 1 << 30  # row groups, never the whole file
+    try:
+        got = read_where([str(path)], "k", values, FooterCache(), SPARSE, asked)
+    finally:
+        runs.WHOLE_FILE_SHARE, runs.WHOLE_FILE_KEYS_PER_GROUP = share, per_group
+    expected = frame.filter(pl.col("k").is_in(values.implode())).select(asked or list(SPARSE))
+    assert got.schema == expected.schema
+    assert sorted(map(repr, got.rows())) == sorted(map(repr, expected.rows()))
+
+
+def test_holding_values_leaves_out_only_columns_null_in_every_group_read(tmp_path: Path) -> None:
+    path = tmp_path / "f.parquet"
+    frame = pl.DataFrame({"k": ["a", "b", "c", "d"], "s": [None, None, "x", None],
+                          "n": [None, None, None, None], "l": [None, None, None, None]},
+                         schema=SPARSE)
+    pq.write_table(frame.to_arrow(), path, row_group_size=2)
+    metadata = pq.ParquetFile(path).metadata
+    wanted = ["k", "s", "n", "l"]
+    assert runs._holding_values(metadata, [0], wanted, "k") == ["k", "l"]
+    assert runs._holding_values(metadata, [0, 1], wanted, "k") == ["k", "s", "l"]
+    assert runs._holding_values(metadata, [1], ["s", "n"], "k") == ["s"]
