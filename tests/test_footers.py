@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engagelake import Workspace
-from engagelake.store import delta
+from engagelake.store import delta, records
 from engagelake.store.footers import BLOOM_SUFFIX, INDEX_FOLDER, INDEX_SUFFIX, read_footer
 from engagelake.store.runs import SORT_BY
 from helpers import event, export_one, open_ws, track_ok
@@ -104,6 +104,11 @@ def _blooms(store: Path) -> set[str]:
     return {p.name.split(".parquet.")[0] + ".parquet" for p in (store / INDEX_FOLDER).rglob(f"*{BLOOM_SUFFIX}")}
 
 
+def _copies(store: Path) -> set[str]:
+    """The data files that have a row-addressable copy (`store/records.py`)."""
+    return {p.name.split(".parquet.")[0] + ".parquet" for p in (store / INDEX_FOLDER).rglob(f"*{records.KEYS_SUFFIX}")}
+
+
 def _sorted_files(ws: Workspace) -> set[str]:
     head = ws.store._read_head()
     return {Path(f).name for name in SORT_BY for f in ws.store.files(name, head.versions.get(name))}
@@ -120,12 +125,16 @@ def test_run_merges_and_compaction_index_their_files_and_a_fresh_reader_parses_n
     merged = _indexes(tmp_path / "store")
     assert merged and merged <= _sorted_files(ws)
     assert _blooms(tmp_path / "store") == merged  # each indexed file has its keys' filter
+    ext_ids = {Path(f).name for f in ws.store.files("external_ids", ws.store._read_head().versions["external_ids"])}
+    assert _copies(tmp_path / "store") == merged & ext_ids  # and the identity table's a row-addressable copy
     track_ok(ws, attributes=[{"external_id": "b0-u1", "_update_existing_only": True, "plan": "free"}])
     delete = ws.call("POST", "/users/delete", {"external_ids": ["b3-u4"]})
     assert delete.status == 200, delete
     ws.compact()
     assert _indexes(tmp_path / "store") == _sorted_files(ws)  # the vacuumed files' indexes are gone
     assert _blooms(tmp_path / "store") == _sorted_files(ws)  # and their filters
+    assert _copies(tmp_path / "store") == _sorted_files(ws) & {
+        Path(f).name for f in ws.store.files("external_ids", ws.store._read_head().versions["external_ids"])}
     text = "".join(p.read_bytes().decode("latin-1") for p in (tmp_path / "store" / INDEX_FOLDER).rglob("*") if p.is_file())
     assert "b3-u4" not in text  # an erased user's key is in no index
 
@@ -162,8 +171,13 @@ def test_a_batchs_big_runs_are_indexed_before_its_ledger_row(tmp_path: Path, mon
     small = {Path(f).name for f in ws.store.files("attributes", ws.store.head.versions["attributes"])[1:]}
     assert big <= indexed and not small & indexed
 
+    copies = {p.name.split(".parquet.")[0] + ".parquet" for p in (store / INDEX_FOLDER / "external_ids").glob(
+        f"*{records.KEYS_SUFFIX}")}
+    assert copies == {Path(f).name for f in ws.store.files("external_ids", ws.store.head.versions["external_ids"])[:1]}
+
     fresh = open_ws(tmp_path)
     assert export_one(fresh, "nobody", ["custom_attributes"]) is None
     assert fresh.store.footers.groups_read == 0  # ruled out by the filters: no row group read
     assert export_one(fresh, "u7", ["custom_attributes"]) == {"custom_attributes": {"plan": "pro"}}
+    assert fresh.store.footers.rows_taken == 1  # u7's external ID, taken from the run's copy
     assert export_one(fresh, "u0", ["custom_attributes"]) == {"custom_attributes": {"plan": "free"}}

@@ -14,7 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tests.helpers import export_users, open_ws, track_ok
 
-from engagelake.store import runs
+from engagelake.store import footers as footers_module
+from engagelake.store import membership, records, runs
 from engagelake.store.footers import read_footer
 from engagelake.store.runs import FooterCache, files_holding, matching_groups, read_where
 
@@ -360,3 +361,61 @@ def test_holding_values_leaves_out_only_columns_null_in_every_group_read(tmp_pat
     assert runs._holding_values(metadata, [0], wanted, "k") == ["k", "l"]
     assert runs._holding_values(metadata, [0, 1], wanted, "k") == ["k", "s", "l"]
     assert runs._holding_values(metadata, [1], ["s", "n"], "k") == ["s"]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    files=st.lists(st.lists(st.sampled_from(KEYS), min_size=0, max_size=40), min_size=1, max_size=3),
+    group=st.integers(1, 7),
+    batch=st.integers(1, 9),
+    wanted=st.lists(st.sampled_from([*KEYS, "k", "ü"]), min_size=1, max_size=5),
+    share=st.sampled_from([0, 8, 1 << 20]),
+)
+def test_rows_taken_from_row_addressable_copies_equal_a_filter(tmp_path_factory, files, group, batch, wanted,
+                                                                share) -> None:
+    """A file of a table in `records.TABLES` indexed by a writer has a row-addressable copy: a
+    probe of few values takes its rows there (every row of a key, however the copy's batches
+    cut them), a bigger one reads the file as before; both return what a filter returns."""
+    root = tmp_path_factory.mktemp("store")
+    folder = root / "external_ids"
+    folder.mkdir()
+    paths, frames = [], []
+    for i, keys in enumerate(files):
+        if keys:
+            paths.append(_write(folder / f"f{i}.parquet", keys, group))
+            frames.append(pl.read_parquet(paths[-1]))
+    values = pl.Series(wanted, dtype=pl.String)
+    saved = records.BATCH_ROWS, runs.RECORDS_SHARE
+    records.BATCH_ROWS, runs.RECORDS_SHARE = batch, share
+    try:
+        FooterCache(root=str(root)).index(paths, "k")
+        footers = FooterCache(root=str(root))
+        got = read_where(paths, "k", values, footers, SCHEMA)
+        projected = read_where(paths, "k", values, footers, SCHEMA, ["v"])
+    finally:
+        records.BATCH_ROWS, runs.RECORDS_SHARE = saved
+    every = pl.concat(frames) if frames else pl.DataFrame(schema=SCHEMA)
+    expected = every.filter(pl.col("k").is_in(values.implode()))
+    assert sorted(got.rows()) == sorted(expected.rows())
+    assert sorted(projected.rows()) == sorted(expected.select("v").rows())
+    if share == 0 and paths:
+        assert footers.groups_read == 0  # every file probed through its copy
+        assert footers.rows_taken >= expected.height
+
+
+def test_a_copy_is_found_only_whole_and_pruned_with_its_file(tmp_path: Path) -> None:
+    folder = tmp_path / "external_ids"
+    folder.mkdir()
+    path = _write(folder / "f.parquet", [f"k{n:03d}" for n in range(300)], 50)
+    FooterCache(root=str(tmp_path)).index([path], "k")
+    index = footers_module.index_path(str(tmp_path), path)
+    copy, keys = records.paths(index)
+    found = records.load(index)
+    assert found is not None and found.take(membership.hashes(pl.Series(["k007"]))).column("v").to_pylist() == [7]
+    Path(keys).write_bytes(b"cut short")
+    assert records.load(index) is None  # a copy without its whole keys is not used
+    Path(keys).unlink()  # a file indexed before its table kept copies: the next index() writes one
+    assert FooterCache(root=str(tmp_path)).index([path], "k") == 1 and records.load(index) is not None
+    Path(path).unlink()
+    assert footers_module.prune_indexes(str(tmp_path)) == 4  # the index, the filter, the copy, its keys
+    assert not Path(copy).exists() and not Path(keys).exists()

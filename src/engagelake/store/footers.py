@@ -27,7 +27,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from engagelake.store import membership
+from engagelake.store import membership, records
 
 MAGIC = b"PAR1"
 # compact-protocol field headers: (field id delta << 4) | type
@@ -260,16 +260,18 @@ def load_index(path: str, data_path: str, column: str) -> tuple[Footer, dict[str
 
 
 def prune_indexes(root: str) -> int:
-    """Delete the indexes and Bloom filters of data files that are gone (a vacuum removed them),
-    filters of another hash, and what a writer killed midway left; returns how many. Indexes
-    hold the sort column's bounds, which are keys: an erased user's too."""
+    """Delete the indexes, Bloom filters and row-addressable copies (`store/records.py`) of data
+    files that are gone (a vacuum removed them), those of another hash, and what a writer
+    killed midway left; returns how many. Indexes hold the sort column's bounds, which are
+    keys, and copies hold rows: an erased user's too."""
     removed = 0
     folder = os.path.join(root, INDEX_FOLDER)
     for table in os.listdir(folder) if os.path.isdir(folder) else []:
         for name in os.listdir(os.path.join(folder, table)):
             data = name.removesuffix(INDEX_SUFFIX) if name.endswith(INDEX_SUFFIX) else name.split(".parquet.")[0] + ".parquet"
-            kept = (name.endswith(INDEX_SUFFIX)
-                    or name == os.path.basename(bloom_path(root, os.path.join(root, table, data))))
+            data_path = os.path.join(root, table, data)
+            kept = (name.endswith(INDEX_SUFFIX) or name == os.path.basename(bloom_path(root, data_path))
+                    or name in {os.path.basename(p) for p in records.paths(index_path(root, data_path))})
             if not kept or not os.path.exists(os.path.join(root, table, data)):
                 os.remove(os.path.join(folder, table, name))
                 removed += 1

@@ -30,7 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from engagelake.store import membership
+from engagelake.store import membership, records
 from engagelake.store.footers import (
     Footer,
     bloom_path,
@@ -81,6 +81,9 @@ FOOTER_CACHE_BYTES = 1 << 30
 FOOTER_THREADS = 2
 # Files a probe reads row groups of at once.
 READ_THREADS = 4
+# A file with a row-addressable copy (`store/records.py`) is probed there when it has at least
+# this many rows per value probed; a bigger probe reads the file as before.
+RECORDS_SHARE = 8
 # delta-rs truncates statistics at 64 bytes (a prefix for the minimum, a raised prefix for the
 # maximum: still bounds), and may drop them; only shorter ones are used.
 TRUSTED_FILE_STAT_BYTES = 64
@@ -117,6 +120,8 @@ class Fences:
     # the file's keys' Bloom filter (`store/membership.py`), if indexed: memory-mapped, so it
     # costs the pages a probe touches, not a budget
     bloom: np.ndarray | None = None
+    # its row-addressable copy (`store/records.py`), if its table keeps them: memory-mapped too
+    records: records.Records | None = None
 
     def spanned(self, low: bytes, high: bytes | None) -> list[int]:
         """The row groups whose range meets [low, high) (no end when `high` is None)."""
@@ -207,6 +212,7 @@ class FooterCache:
         self.footers_parsed = 0  # footers parsed (not read from an index), likewise
         self.groups_read = 0  # row groups read whole (every column), likewise
         self.indexes_built = 0  # key indexes built (`key_index`), likewise
+        self.rows_taken = 0  # rows taken from row-addressable copies (`store/records.py`), likewise
 
     def fences(self, path: str, column: str) -> Fences:
         return self.fences_of([path], column)[0]
@@ -227,7 +233,8 @@ class FooterCache:
             index = None if self.root is None else index_path(self.root, path)
             if index is not None and (found := load_index(index, path, column)) is not None:
                 assert self.root is not None
-                return dataclasses.replace(_fences_of_arrays(*found), bloom=load_bloom(bloom_path(self.root, path)))
+                return dataclasses.replace(_fences_of_arrays(*found), bloom=load_bloom(bloom_path(self.root, path)),
+                                           records=records.load(index) if _table(path) in records.TABLES else None)
             footer, metadata = read_footer(path)
             with self._lock:
                 self.footers_parsed += 1
@@ -243,16 +250,22 @@ class FooterCache:
         Returns how many it wrote."""
         assert self.root is not None
         root = self.root
-        missing = [path for path in paths if not os.path.exists(index_path(root, path))]
+        # a file indexed before its table kept row-addressable copies gets one now
+        missing = [path for path in paths if not os.path.exists(index_path(root, path)) or (
+            _table(path) in records.TABLES and not os.path.exists(records.paths(index_path(root, path))[1]))]
 
         def write(path: str) -> bool:
             footer, metadata = read_footer(path)
             if footer.parsed is not None:  # its entries could not be told apart
                 return False
-            save_index(index_path(root, path), footer, column, _fence_arrays(_fences(footer, metadata, column)))
             # the key column read with the footer parsed already (not parsed again)
             keys = pq.ParquetFile(path, metadata=metadata).read(columns=[column]).column(column)
             save_bloom(bloom_path(root, path), membership.build(pl.Series(keys)))
+            if _table(path) in records.TABLES:
+                records.write(path, column, index_path(root, path))
+            # last: a file whose index exists has its filter and copy (a writer killed before
+            # leaves no index, and the next one writes them all again)
+            save_index(index_path(root, path), footer, column, _fence_arrays(_fences(footer, metadata, column)))
             return True
         return sum(_footer_pool().map(write, missing))
 
@@ -268,6 +281,10 @@ class FooterCache:
     def count_groups(self, groups: int) -> None:
         with self._lock:
             self.groups_read += groups
+
+    def count_taken(self, rows: int) -> None:
+        with self._lock:
+            self.rows_taken += rows
 
     def _charge(self, key: tuple[str, str], cost: int) -> None:
         self._costs[key] = self._costs.get(key, 0) + cost
@@ -295,6 +312,11 @@ class FooterCache:
                 self._indexes[key] = index
                 self._charge(key, index.nbytes)
         return index
+
+
+def _table(path: str) -> str:
+    """The table a data file belongs to (the folder it lies in)."""
+    return os.path.basename(os.path.dirname(path))
 
 
 def footer_budget(memory_limit: str | None) -> int:
@@ -418,6 +440,7 @@ def read_where(paths: list[str], column: str, values: pl.Series, footers: Footer
     picked: list[pa.Table] = []
     point_reads: list[tuple[Footer, list[int]]] = []  # (file, row groups)
     whole: list[str] = []  # files where most row groups match: Polars' reader is faster there
+    taken: list[pa.Table] = []  # rows taken from files' row-addressable copies
     fenced: bool | None = None  # whether the values can be fences' bytes
     every = _Keys(unique)
     fences = footers.fences_of(paths, column)
@@ -433,6 +456,11 @@ def read_where(paths: list[str], column: str, values: pl.Series, footers: Footer
                 continue  # the file holds none of the values
             here = _Keys(unique.filter(pl.Series(maybe)), every.hashed[maybe]) if not maybe.all() else every
             expected = here.values.len()  # those it may hold are there, but for a false positive or two
+        if fence.records is not None and here.values.len() * RECORDS_SHARE <= fence.footer.num_rows:
+            rows = fence.records.take(here.hashed)
+            footers.count_taken(rows.num_rows)
+            taken.append(records.matching(rows, column, every.exact))
+            continue
         sieve = expected * WHOLE_FILE_SHARE < n_groups
         if fence.starts is None or (not sieve and here.values.len() >= WHOLE_FILE_KEYS_PER_GROUP * n_groups
                                     and not _clustered(fence, here.low, here.high)):
@@ -461,6 +489,7 @@ def read_where(paths: list[str], column: str, values: pl.Series, footers: Footer
             point_reads.append((fence.footer, groups))
     if point_reads:  # filter in Arrow first: only the matching rows are converted to Polars
         picked = _read_groups(point_reads, column, every.exact, columns)
+    picked += taken
     footers.count_groups(sum(fence.footer.num_row_groups for path, fence in zip(paths, fences, strict=True)
                               if path in whole))
     shown = schema if columns is None else {c: schema[c] for c in columns}
