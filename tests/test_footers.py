@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 from deltalake import write_deltalake
@@ -14,7 +15,7 @@ from hypothesis import strategies as st
 from engagelake import Workspace
 from engagelake.store import delta, records
 from engagelake.store.footers import BLOOM_SUFFIX, INDEX_FOLDER, INDEX_SUFFIX, read_footer
-from engagelake.store.runs import SORT_BY
+from engagelake.store.runs import SORT_BY, FooterCache, read_where
 from helpers import event, export_one, open_ws, track_ok
 
 # keys with the bytes of the compact protocol's field headers and varints, so that statistics
@@ -181,3 +182,27 @@ def test_a_batchs_big_runs_are_indexed_before_its_ledger_row(tmp_path: Path, mon
     assert export_one(fresh, "u7", ["custom_attributes"]) == {"custom_attributes": {"plan": "pro"}}
     assert fresh.store.footers.rows_taken == 1  # u7's external ID, taken from the run's copy
     assert export_one(fresh, "u0", ["custom_attributes"]) == {"custom_attributes": {"plan": "free"}}
+
+
+def test_a_merged_away_files_copy_goes_at_once_and_the_file_still_reads(tmp_path: Path, monkeypatch) -> None:
+    """Copies are the biggest caches: a run merge removes those of the files it replaced, not
+    compaction. A reader still at the head before the merge (a batch under way) reads those
+    files' row groups."""
+    monkeypatch.setattr(delta, "INDEXED_RUN_ROWS", 1)  # every run indexed, copies included
+    ws = open_ws(tmp_path)
+    ws.store.background_merges = False
+    ws.store.merge_trigger = 2
+    store = tmp_path / "store"
+    track_ok(ws, attributes=[{"external_id": f"b0-u{n}", "plan": "pro"} for n in range(5)])
+    first = ws.store.files("external_ids", ws.store._read_head().versions["external_ids"])
+    for batch in range(1, 5):
+        track_ok(ws, attributes=[{"external_id": f"b{batch}-u{n}", "plan": "pro"} for n in range(5)])
+    assert ws.store.merges
+    current = {Path(f).name for f in ws.store.files("external_ids", ws.store._read_head().versions["external_ids"])}
+    assert not {Path(f).name for f in first} & current  # the first run was merged away
+    assert _copies(store) == current  # every current file has its copy, no replaced one has
+    assert _indexes(store) > _sorted_files(ws)  # the replaced files' indexes stay until compaction
+    footers = FooterCache(root=str(store))
+    rows = read_where(first, "external_id", pl.Series(["b0-u2"]), footers, delta._stored_schema("external_ids"))
+    assert rows["external_id"].to_list() == ["b0-u2"]
+    assert footers.rows_taken == 0 and footers.groups_read == 1

@@ -46,8 +46,8 @@ import pyarrow.parquet as pq
 from deltalake import ColumnProperties, DeltaTable, WriterProperties, write_deltalake
 
 from engagelake.errors import NotAStore, StaleStoreError, StoreDamaged, StoreError, StoreReadOnly
-from engagelake.store import appends, merging
-from engagelake.store.footers import prune_indexes
+from engagelake.store import appends, merging, records
+from engagelake.store.footers import index_path, prune_indexes
 from engagelake.store.runs import (
     FILE_STATS_MAX_VALUES,
     ROW_GROUP_ROWS,
@@ -914,7 +914,11 @@ class DeltaStore:
             shutil.rmtree(folder, ignore_errors=True)  # the merged files of tables not published
         for name in merged:
             old = set(self.files(name, before.get(name)))
-            self.index_footers(name, [f for f in self.files(name, versions[name]) if f not in old])
+            new = set(self.files(name, versions[name]))
+            self.index_footers(name, [f for f in new if f not in old])
+            if name in records.TABLES:  # readers of an older head read the replaced files as Parquet
+                for gone in old - new:
+                    records.remove(index_path(self.uri, gone))
         return merged
 
     def _publish_merges(self, planned: dict[str, tuple[list[merging.Run], list[tuple[dict[str, Any], int]]]],

@@ -20,6 +20,7 @@ They hold the rows' identifiers, so erasure treats them as the data files they c
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from dataclasses import dataclass
@@ -92,6 +93,16 @@ def write(data_path: str, column: str, index_file: str) -> None:
     with open(keys_path + suffix, "wb") as f:
         np.save(f, np.stack([hashed[order], order.astype(np.uint64)]))
     os.replace(keys_path + suffix, keys_path)
+
+
+def remove(index_file: str) -> None:
+    """Delete a data file's copy once no current version holds the file (a reader that mapped
+    it keeps its mapping; the others read the file's row groups): copies are the biggest
+    caches, and a merged-away file's would stay until compaction prunes it. The keys go
+    first, so that a copy is never found without them."""
+    for path in reversed(paths(index_file)):
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(path)
 
 
 def load(index_file: str) -> Records | None:
