@@ -10,6 +10,7 @@ resource tables, whole-store jobs).
 from __future__ import annotations
 
 import functools
+import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,8 +24,9 @@ from engagelake.tables.source import STAGED, RowSource
 
 __all__ = ["Changes", "State", "apply_changes"]
 
-# Tables a prefetch reads at once (an export reads up to six).
-PREFETCH_THREADS = 6
+# Tables a prefetch reads at once (an export reads up to six), no more than the cores: their
+# reads are CPU work (see `store/runs.py`, READ_THREADS)
+PREFETCH_THREADS = min(6, os.cpu_count() or 1)
 # columns that name a user, in any table (lineage rows name two)
 SUBJECT_COLUMNS = ("service_id", "into", "source_sid", "target_sid")
 
