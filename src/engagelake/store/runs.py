@@ -559,8 +559,10 @@ def _holding_values(metadata: pq.FileMetaData, groups: list[int], columns: list[
     column chunk costs a point read about the same whatever it holds (15 of the 31 chunks of a
     profiles row group of the 10M benchmark store hold only nulls). Nested columns are always
     read: an empty list counts as a null in the statistics."""
-    flat = {metadata.schema.column(i).path: i for i in range(metadata.num_columns)}
     chosen = [metadata.row_group(g) for g in groups]
+    # leaf paths from a row group, not `metadata.schema` (its cycle back to the footer keeps the
+    # footer alive until the garbage collector runs: see `_fences`); a nested leaf has a dotted path
+    flat = {chosen[0].column(i).path_in_schema: i for i in range(metadata.num_columns)} if chosen else {}
     kept = []
     for name in columns:
         at = flat.get(name)
