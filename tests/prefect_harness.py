@@ -26,7 +26,7 @@ def prefect_harness(request: pytest.FixtureRequest) -> Iterator[None]:
     keeps a copy of the database as migrated, before any flow ran, in pytest's cache (per
     Prefect version), and later runs start from a copy of that copy: the server then finds
     nothing to migrate. Without the cache (`-p no:cacheprovider`) every run migrates."""
-    cache = request.config.cache
+    cache = getattr(request.config, "cache", None)  # None under `-p no:cacheprovider`
     kept = (cache.mkdir("prefect-db") / f"{version('prefect')}.db") if cache is not None else None
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # no telemetry calls

@@ -9,6 +9,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
+from engagelake.cpus import pinned
+
 if TYPE_CHECKING:
     import duckdb  # imported where used: a process that only reads never loads it
 
@@ -17,8 +19,11 @@ _local = threading.local()
 
 @contextmanager
 def connection(threads: int | None = None) -> Iterator[duckdb.DuckDBPyConnection]:
-    """This thread's in-memory connection (with `threads` worker threads; None: DuckDB's default)."""
+    """This thread's in-memory connection (with `threads` worker threads; None: DuckDB's
+    default, or one thread, the caller's, while it is pinned to one CPU: `cpus.py`)."""
     import duckdb
+    if threads is None and pinned():
+        threads = 1
     kept: dict[int | None, duckdb.DuckDBPyConnection] = _local.__dict__.setdefault("connections", {})
     con = kept.pop(threads, None)  # taken while in use: a nested use gets a connection of its own
     if con is None:

@@ -1,0 +1,169 @@
+"""Small batches run on one CPU (`cpus.py`): the calling thread and Polars' pool are pinned to
+one CPU while a batch's passes are small, and everything gets its CPUs back after."""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+
+import polars as pl
+import pytest
+
+from engagelake import Workspace, cpus
+from engagelake import workspace as workspace_module
+from engagelake.rules import duck
+
+
+def _run_cpus() -> set[int]:
+    """The CPUs the test run may use: an xdist worker is pinned to one (`tests/conftest.py`)."""
+    if not hasattr(os, "sched_getaffinity"):
+        return set()
+    given = os.environ.get("ENGAGELAKE_TEST_CPUS")
+    return {int(c) for c in given.split(",")} if given else os.sched_getaffinity(0)
+
+
+CPUS = _run_cpus()
+pytestmark = pytest.mark.skipif(len(CPUS) < 2 or not os.path.isdir("/proc/self/task"),
+                                reason="pinning needs Linux and two CPUs or more")
+
+
+@pytest.fixture(autouse=True)
+def every_cpu():
+    """This process's thread and Polars' pool on every CPU of the run for the test, as in a
+    process of its own; pinned back as they were after."""
+    before = os.sched_getaffinity(0), pool_threads()
+    for tid in (0, *before[1]):
+        os.sched_setaffinity(tid, CPUS)
+    yield
+    os.sched_setaffinity(0, before[0])
+    for tid, mask in before[1].items():
+        os.sched_setaffinity(tid, mask)
+
+
+def pool_threads() -> dict[int, set[int]]:
+    """Polars' pool threads and their CPUs."""
+    pl.DataFrame({"a": [1, 2]}).filter(pl.col("a") > 1)  # the pool exists from here on
+    out = {}
+    for tid in map(int, os.listdir("/proc/self/task")):
+        with open(f"/proc/self/task/{tid}/comm") as f:
+            if re.fullmatch(r"polars-\d+", f.read().strip()):
+                out[tid] = os.sched_getaffinity(tid)
+    assert out, "Polars' pool threads were not found by name"
+    return out
+
+
+def test_pins_the_caller_and_the_pool_then_restores():
+    before = pool_threads()
+    assert all(mask == CPUS for mask in before.values())
+    with cpus.one_cpu() as pin:
+        assert pin.cpu is not None and cpus.pinned()
+        assert os.sched_getaffinity(0) == {pin.cpu}
+        assert all(mask == {pin.cpu} for mask in pool_threads().values())
+    assert not cpus.pinned()
+    assert os.sched_getaffinity(0) == CPUS
+    assert pool_threads() == before
+
+
+def test_release_ends_the_pin_early_and_twice_is_harmless():
+    with cpus.one_cpu() as pin:
+        pin.release()
+        assert not cpus.pinned() and os.sched_getaffinity(0) == CPUS
+        pin.release()
+    assert os.sched_getaffinity(0) == CPUS
+
+
+def test_a_thread_started_while_pinned_gets_its_cpus_back():
+    started = threading.Event()
+    stop = threading.Event()
+    tid: list[int] = []
+
+    def run() -> None:
+        tid.append(threading.get_native_id())
+        started.set()
+        stop.wait(10)
+
+    with cpus.one_cpu() as pin:
+        thread = threading.Thread(target=run)
+        thread.start()
+        started.wait(10)
+        assert os.sched_getaffinity(tid[0]) == {pin.cpu}  # inherited
+    try:
+        assert os.sched_getaffinity(tid[0]) == CPUS
+    finally:
+        stop.set()
+        thread.join()
+
+
+def test_only_the_first_holder_pins():
+    with cpus.one_cpu() as outer:
+        assert outer.cpu is not None
+        with cpus.one_cpu() as inner:
+            assert inner.cpu is None  # nested: runs as it is
+        assert os.sched_getaffinity(0) == {outer.cpu}  # the inner one undid nothing
+        seen: list[int | None] = []
+        other = threading.Thread(target=lambda: seen.append(_pin_in_thread()))
+        other.start()
+        other.join()
+        assert seen == [None]  # concurrent: another thread's holder does not pin either
+    assert os.sched_getaffinity(0) == CPUS
+    with cpus.one_cpu() as again:  # the first holder is gone: the next one pins
+        assert again.cpu is not None
+
+
+def _pin_in_thread() -> int | None:
+    with cpus.one_cpu() as pin:
+        return pin.cpu
+
+
+def test_switched_off_by_the_environment(monkeypatch):
+    monkeypatch.setenv(cpus.ENV, "0")
+    with cpus.one_cpu() as pin:
+        assert pin.cpu is None and not cpus.pinned()
+        assert os.sched_getaffinity(0) == CPUS
+
+
+def test_duckdb_runs_in_the_pinned_thread():
+    with cpus.one_cpu(), duck.connection() as con:
+        assert con.sql("SELECT current_setting('threads')").fetchall() == [(1,)]
+    with duck.connection() as con:
+        assert con.sql("SELECT current_setting('threads')").fetchall() == [(os.cpu_count(),)]
+
+
+def _spy_on_passes(monkeypatch) -> list[bool]:
+    """Whether each track pass ran pinned (the real parse runs)."""
+    seen: list[bool] = []
+    real = workspace_module.parse_track
+
+    def parse(bodies):
+        seen.append(cpus.pinned())
+        return real(bodies)
+
+    monkeypatch.setattr(workspace_module, "parse_track", parse)
+    return seen
+
+
+def _track(n: int) -> dict:
+    return {"method": "POST", "path": "/users/track",
+            "body": {"attributes": [{"external_id": f"u{n}", "visits": {"inc": 1}}]}}
+
+
+def test_a_small_batch_runs_pinned_and_a_big_pass_unpins(tmp_path, monkeypatch):
+    ws = Workspace.create(tmp_path / "store")
+    seen = _spy_on_passes(monkeypatch)
+    assert [r.status for r in ws.apply([_track(1), _track(2)])] == [201, 201]
+    assert seen == [True]
+    assert os.sched_getaffinity(0) == CPUS  # and back after the batch
+
+    # a pass of more text than the threshold unpins before it runs, for the rest of the batch
+    monkeypatch.setattr(workspace_module, "ONE_CPU_PASS_BYTES", 100)
+    seen.clear()
+    export = {"method": "POST", "path": "/users/export/ids",
+              "body": {"external_ids": ["u1"], "fields_to_export": ["external_id"]}}
+    big = [_track(n) for n in range(3, 8)]
+    responses = ws.apply([_track(9), export, *big, export, _track(10)])
+    assert [r.status for r in responses] == [201, 200, *[201] * 5, 200, 201]
+    assert seen == [True, False, False]
+    assert os.sched_getaffinity(0) == CPUS
+    assert ws.call("POST", "/users/export/ids", {"external_ids": ["u7"], "fields_to_export": ["custom_attributes"]}
+                   ).body["users"] == [{"custom_attributes": {"visits": 1}}]
