@@ -7,6 +7,7 @@ import os
 import re
 import threading
 
+import duckdb
 import polars as pl
 import pytest
 
@@ -126,8 +127,9 @@ def test_switched_off_by_the_environment(monkeypatch):
 def test_duckdb_runs_in_the_pinned_thread():
     with cpus.one_cpu(), duck.connection() as con:
         assert con.sql("SELECT current_setting('threads')").fetchall() == [(1,)]
+    default = duckdb.connect().sql("SELECT current_setting('threads')").fetchall()
     with duck.connection() as con:
-        assert con.sql("SELECT current_setting('threads')").fetchall() == [(os.cpu_count(),)]
+        assert con.sql("SELECT current_setting('threads')").fetchall() == default != [(1,)]
 
 
 def _spy_on_passes(monkeypatch) -> list[bool]:
@@ -136,7 +138,9 @@ def _spy_on_passes(monkeypatch) -> list[bool]:
     real = workspace_module.parse_track
 
     def parse(bodies):
-        seen.append(cpus.pinned())
+        pinned = cpus.pinned()
+        assert (len(os.sched_getaffinity(0)) == 1) == pinned  # the thread's own CPUs say so too
+        seen.append(pinned)
         return real(bodies)
 
     monkeypatch.setattr(workspace_module, "parse_track", parse)
@@ -167,3 +171,30 @@ def test_a_small_batch_runs_pinned_and_a_big_pass_unpins(tmp_path, monkeypatch):
     assert os.sched_getaffinity(0) == CPUS
     assert ws.call("POST", "/users/export/ids", {"external_ids": ["u7"], "fields_to_export": ["custom_attributes"]}
                    ).body["users"] == [{"custom_attributes": {"visits": 1}}]
+
+
+def test_a_batch_that_fails_gives_the_cpus_back(tmp_path):
+    ws = Workspace.create(tmp_path / "store")
+
+    def requests():
+        yield _track(1)
+        assert cpus.pinned()
+        raise RuntimeError("the request source broke")
+
+    with pytest.raises(RuntimeError, match="source broke"):
+        ws.apply(requests())
+    assert not cpus.pinned() and os.sched_getaffinity(0) == CPUS
+    with cpus.one_cpu() as pin:  # nothing was left held
+        assert pin.cpu is not None
+
+
+def test_where_pinning_fails_it_runs_as_it_is(monkeypatch):
+    def unreadable() -> int:
+        raise ValueError("an unexpected /proc/thread-self/stat")
+
+    monkeypatch.setattr(cpus, "_current_cpu", unreadable)
+    with cpus.one_cpu() as pin:
+        assert pin.cpu is None and not cpus.pinned() and os.sched_getaffinity(0) == CPUS
+    monkeypatch.undo()
+    with cpus.one_cpu() as pin:  # nothing was left held
+        assert pin.cpu is not None

@@ -4,6 +4,8 @@ keys, readers against a torn batch, and the on-disk layout (a Delta table per st
 from __future__ import annotations
 
 import signal
+import threading
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -247,28 +249,35 @@ def test_an_error_before_the_ledger_row_landed_fails_the_batch(tmp_path: Path, m
 def test_a_failed_table_write_fails_the_batch_once_the_others_ended(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A commit writes its tables side by side (`delta._TableWrites`): one that fails fails the
-    batch, only after the others ended, and nothing of the batch is seen."""
-    assert delta.WRITE_THREADS >= 2 or pytest.skip("one CPU: tables are written one by one")
+    batch, but only once the write running beside it has ended, and nothing of the batch is seen."""
+    if delta.WRITE_THREADS < 2:
+        pytest.skip("one CPU: tables are written one by one")
     ws = open_ws(tmp_path / "s")
     track(ws, ev("first"))
     write_file = delta.appends.write_file
-    written: list[str] = []
+    release = threading.Event()
+    ended: dict[str, float] = {}
 
-    def fails_for_events(folder: str, *args: Any) -> Any:
-        if folder.endswith("events"):
+    def faulty(folder: str, *args: Any) -> Any:
+        table = folder.rsplit("/", 1)[-1]
+        if table == "profiles":  # the first table written fails at once
             raise OSError("no space left on device")
+        if table == "external_ids":  # the second is still being written meanwhile
+            release.wait(10)
         added = write_file(folder, *args)
-        written.append(folder.rsplit("/", 1)[-1])
+        ended[table] = time.monotonic()
         return added
 
-    monkeypatch.setattr(delta.appends, "write_file", fails_for_events)
-    body = {"attributes": [{"external_id": "u2", "first_name": "Ann", "plan": "pro"}], **ev("lost", "u2")}
+    monkeypatch.setattr(delta.appends, "write_file", faulty)
+    threading.Timer(0.3, release.set).start()
     with pytest.raises(OSError, match="no space"):
-        track(ws, body)
-    assert {"profiles", "external_ids", "attributes"} <= set(written)  # written beside the failed one
+        track(ws, {"attributes": [{"external_id": "u2", "first_name": "Ann", "plan": "pro"}], **ev("lost", "u2")})
+    raised = time.monotonic()
+    assert release.is_set() and ended["external_ids"] <= raised  # no write outlived the batch
     monkeypatch.undo()
     assert event_names(open_ws(tmp_path / "s")) == ["first"]
-    unknown = open_ws(tmp_path / "s").call("POST", "/users/export/ids", {"external_ids": ["u2"], "fields_to_export": ["external_id"]})
+    unknown = open_ws(tmp_path / "s").call("POST", "/users/export/ids",
+                                           {"external_ids": ["u2"], "fields_to_export": ["external_id"]})
     assert unknown.body is not None and (unknown.body["users"], unknown.body["invalid_user_ids"]) == ([], ["u2"])
     track(ws, ev("second"))  # the tables ahead of the ledger are rolled back first
     assert event_names(open_ws(tmp_path / "s")) == ["first", "second"]

@@ -37,7 +37,8 @@ _local = threading.local()  # `pinned`: this thread's pin
 def pinned() -> bool:
     """Whether the calling thread runs pinned to one CPU: then DuckDB runs its queries in it
     too (`rules/duck.py`), with no worker threads to hand work to."""
-    return getattr(_local, "pin", None) is not None
+    pin = getattr(_local, "pin", None)
+    return pin is not None and pin.cpu is not None
 
 
 def _enabled() -> bool:
@@ -102,12 +103,15 @@ class Pin:
             _set(self._thread, self._mask)
             for tid, mask in self._pool.items():
                 _set(tid, mask)
-            for tid in _tasks() - self._before:  # started meanwhile (by a pinned thread, if pinned)
-                try:
-                    if os.sched_getaffinity(tid) == {cpu}:
-                        os.sched_setaffinity(tid, self._mask)
-                except OSError:  # ended meanwhile
-                    pass
+            seen = set(self._before)
+            while new := _tasks() - seen:  # started meanwhile (by a pinned thread, if pinned),
+                seen |= new  # and those they start while this runs
+                for tid in new:
+                    try:
+                        if os.sched_getaffinity(tid) == {cpu}:
+                            os.sched_setaffinity(tid, self._mask)
+                    except OSError:  # ended meanwhile
+                        pass
         finally:
             with _lock:
                 _held = False
@@ -131,8 +135,13 @@ def one_cpu() -> Iterator[Pin]:
         if first:
             try:
                 pin._pin()
-            except OSError:  # not allowed here (a container's policy): undone, run as it is
+            except Exception:  # noqa: BLE001 - cannot pin here (a container's policy, an odd /proc): run as it is
                 pin.release()
+            except BaseException:  # an interrupt: undone, and it goes on up
+                pin.release()
+                with _lock:
+                    _held = False
+                raise
             if pin.cpu is None:
                 with _lock:
                     _held = False

@@ -30,7 +30,8 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_for
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -312,11 +313,39 @@ class _TableWrites:
             self.running.append(_write_pool().submit(lambda: self.store._write_rows(name, rows(), self.versions)))
 
     def wait(self) -> None:
-        """Wait for every write; raise the first one's error (after all have ended)."""
-        running, self.running = self.running, []
-        errors = [error for future in running if (error := future.exception()) is not None]
+        """Wait for every write, then raise the first one's error. Once one failed, the writes
+        not started are cancelled."""
+        errors = [error for future in self._ended()
+                  if not future.cancelled() and (error := future.exception()) is not None]
         if errors:
             raise errors[0]
+
+    def abandon(self) -> None:
+        """Cancel the writes not started and wait for the others (the batch failed already:
+        their errors go unseen)."""
+        for future in self.running:
+            future.cancel()
+        self._ended()
+
+    def _ended(self) -> list[Future[None]]:
+        """The writes, once every one has ended; those not started are cancelled once one failed.
+        An interrupt (Ctrl-C) does not cut the wait short, but cancels what has not started and
+        is raised after: the writer lock must not be let go while a table is being appended."""
+        running, self.running = self.running, []
+        pending: set[Future[None]] = set(running)
+        interrupt: BaseException | None = None
+        while pending:
+            try:
+                done, pending = wait_for(pending, return_when=FIRST_EXCEPTION)
+            except BaseException as error:  # noqa: BLE001 - raised below, once the writes ended
+                interrupt, done = interrupt or error, set()
+            failed = any(not f.cancelled() and f.exception() is not None for f in done)
+            if interrupt is not None or failed:
+                for future in pending:
+                    future.cancel()
+        if interrupt is not None:
+            raise interrupt
+        return running
 
 
 @dataclass(frozen=True)
@@ -1092,8 +1121,10 @@ class DeltaStore:
                         if held is not None and held.height:  # a row rewritten with the same value
                             new = new.join(held, on=list(SCHEMAS[index]), how="anti")
                         entries[index] = new
-        finally:
-            writes.wait()
+        except BaseException:
+            writes.abandon()  # no table is still being appended when the batch's error goes up
+            raise
+        writes.wait()
         for index in INDEXES:  # written after every table, in a fixed order
             if index in entries and entries[index].height:
                 self._write_rows(index, entries[index].with_columns(
