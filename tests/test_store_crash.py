@@ -33,7 +33,7 @@ from tests.crash_worker import (
     tables_ahead,
 )
 
-from engagelake.store.delta import MERGE_ENV
+from engagelake.store.delta import MERGE_ENV, SIDE_BY_SIDE, WRITE_THREADS
 from engagelake.tables.schema import STORED, TABLES
 
 pytestmark = pytest.mark.slow
@@ -166,6 +166,26 @@ def crash_then_rerun(tmp_path: Path, ref: SimpleNamespace, point: str) -> Path:
     assert snapshot(again) == ref.full_snap
     assert snapshot(open_store(store)) == ref.full_snap
     return store
+
+
+@pytest.mark.parametrize("table", ["profiles", "events"])
+def test_crash_while_tables_are_written_side_by_side(tmp_path: Path, ref: SimpleNamespace, table: str) -> None:
+    """The commit's tables are written in two threads (`delta._TableWrites`): a crash as one
+    write ends, with another one running, leaves any set of tables ahead of the ledger. The
+    store opens to the batch before, and the batch run again gives the uninterrupted store."""
+    if WRITE_THREADS < 2:
+        pytest.skip("one CPU: tables are written one by one")
+    store = tmp_path / "store"
+    shutil.copytree(ref.base, store)
+    crash(store, f"{SIDE_BY_SIDE}after_table:{table}")
+    assert ledger_batches(store) == 2
+    assert {table} <= tables_ahead(store) <= set(WRITTEN)
+    ws = open_store(store)
+    assert ws.export_users() == ref.base_snap["export"]
+    assert snapshot(ws) == ref.base_snap
+    assert ws.apply(BATCH_2, idempotency_key=KEY_2) == ref.responses
+    assert_no_uncommitted_rows(store)
+    assert snapshot(open_store(store)) == ref.full_snap
 
 
 @pytest.mark.parametrize("point", ["after_table:events", "before_ledger"])

@@ -247,9 +247,14 @@ def writer_lock(root: Path, timeout: float | None = None) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+# a crash point's prefix under which a commit still writes its tables side by side (`_TableWrites`)
+SIDE_BY_SIDE = "side_by_side:"
+
+
 def _failpoint(name: str) -> None:
     """Kill this process at a named point of the commit protocol (crash tests only)."""
-    if os.environ.get(CRASH_ENV) == name:
+    point = os.environ.get(CRASH_ENV)
+    if point is not None and point.removeprefix(SIDE_BY_SIDE) == name:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -298,12 +303,14 @@ class _TableWrites:
     of its 3.6 s). The appends are independent Delta commits; the ledger row after them makes
     them visible together, so their order does not matter to a reader, nor to a crash (a table
     ahead of the ledger is rolled back, whichever). Under a crash failpoint they run one by one
-    in the fixed order, so that a failpoint names a point between two tables."""
+    in the fixed order, so that a failpoint names a point between two tables (unless it says
+    `SIDE_BY_SIDE`: then the process dies with the other write running)."""
 
     def __init__(self, store: DeltaStore, versions: dict[str, int]):
         self.store = store
         self.versions = versions  # each write sets its own table's entry
-        self.serial = WRITE_THREADS < 2 or bool(os.environ.get(CRASH_ENV))
+        point = os.environ.get(CRASH_ENV)
+        self.serial = WRITE_THREADS < 2 or (point is not None and not point.startswith(SIDE_BY_SIDE))
         self.running: list[Future[None]] = []
 
     def write(self, name: str, rows: Callable[[], pl.DataFrame | pa.RecordBatchReader]) -> None:
