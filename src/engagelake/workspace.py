@@ -435,7 +435,7 @@ class _Batch:
         pending, self.pending = self.pending, []
         if len(pending) >= TRACK_RUN_MAX:
             self._big()
-        if sum(len(text) for _, text in pending) > ONE_CPU_PASS_BYTES:  # one step a request
+        if sum(len(text) for _, text in pending) > ONE_CPU_PASS_BYTES:  # a step a request, not an object
             self._release_cpu()
         if self.pending_kind == "track":
             self._track_pass(pending, self.responses)
