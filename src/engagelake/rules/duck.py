@@ -38,7 +38,10 @@ def connection(threads: int | None = None) -> Iterator[duckdb.DuckDBPyConnection
 
 
 def _clear(con: duckdb.DuckDBPyConnection) -> None:
-    for (name,) in con.sql("SELECT table_name FROM duckdb_tables() WHERE temporary").fetchall():
-        con.execute(f'DROP TABLE temp."{name}"')
-    for (name,) in con.sql("SELECT view_name FROM duckdb_views() WHERE temporary AND NOT internal").fetchall():
-        con.unregister(name)
+    left = con.sql("SELECT table_name, true FROM duckdb_tables() WHERE temporary UNION ALL "
+                   "SELECT view_name, false FROM duckdb_views() WHERE temporary AND NOT internal").fetchall()
+    for name, table in left:  # one catalog query, not one per kind (a small request's parse uses two connections)
+        if table:
+            con.execute(f'DROP TABLE temp."{name}"')
+        else:
+            con.unregister(name)
