@@ -5,7 +5,7 @@ thread and the caller sit on different CPUs, each hand-off is a wake-up across C
 2-CPU VM the benchmarks run on, a `filter` of 3 rows took 100-120 µs that way and 25 µs with
 both on one CPU, and a Python thread ping-pong took 51 µs. A small batch runs 400-odd such
 operations on small frames, so it spent more time handing work over than doing it: a
-75-object `/users/track` call took 129 ms and 149 ms of CPU, against 79 ms on one CPU
+75-object `/users/track` call took 129-132 ms, against 90-93 ms pinned as below
 (`docs/decisions.md` has the figures). A big pass still wants every CPU for its frames.
 
 `one_cpu()` pins the calling thread and Polars' pool threads to the CPU the caller is on, for
