@@ -14,7 +14,13 @@ from hypothesis import strategies as st
 
 from engagelake import Workspace
 from engagelake.store import delta, records
-from engagelake.store.footers import BLOOM_SUFFIX, INDEX_FOLDER, INDEX_SUFFIX, read_footer
+from engagelake.store.footers import (
+    BLOOM_SUFFIX,
+    INDEX_FOLDER,
+    INDEX_SUFFIX,
+    data_file_of,
+    read_footer,
+)
 from engagelake.store.runs import SORT_BY, FooterCache, read_where
 from helpers import event, export_one, open_ws, track_ok
 
@@ -206,3 +212,28 @@ def test_a_merged_away_files_copy_goes_at_once_and_the_file_still_reads(tmp_path
     rows = read_where(first, "external_id", pl.Series(["b0-u2"]), footers, delta._stored_schema("external_ids"))
     assert rows["external_id"].to_list() == ["b0-u2"]
     assert footers.rows_taken == 0 and footers.groups_read == 1
+
+
+def _caches_note(ws: Workspace) -> str:
+    notes = [n for n in Workspace.check(ws.store.uri).notes if n.startswith("read caches")]
+    assert len(notes) == 1, notes
+    return notes[0]
+
+
+def test_check_counts_the_read_caches_and_those_of_merged_away_files(tmp_path: Path) -> None:
+    """`engagelake check` says what `_footers/` holds, and how much of it serves data files the
+    ledger's versions no longer use (merged away, until a compaction vacuums them)."""
+    ws = open_ws(tmp_path)
+    ws.store.background_merges = False
+    ws.store.merge_trigger = 2
+    for batch in range(10):  # merged runs are indexed, and merged again
+        track_ok(ws, attributes=[{"external_id": f"b{batch}-u{n}", "plan": "pro"} for n in range(5)])
+    folder = tmp_path / "store" / INDEX_FOLDER
+    files = [p for p in folder.rglob("*") if p.is_file()]
+    stale = [p for p in files if data_file_of(p.name) not in _sorted_files(ws)]
+    assert stale, "the merges left caches of the files they replaced"
+    note = _caches_note(ws)
+    assert f": {len(files):,} files, " in note and f"; {len(stale):,} of them (" in note, note
+    ws.compact()
+    kept = [p for p in folder.rglob("*") if p.is_file()]
+    assert _caches_note(ws).endswith(f": {len(kept):,} files, {sum(p.stat().st_size for p in kept) / 2**20:,.1f} MiB")

@@ -474,7 +474,7 @@ def publish(
 def check(store: Store = DEFAULT_STORE) -> None:
     """Verify a local store against its ledger; exit 0 when healthy, 1 otherwise.
 
-    Every table version the ledger names must exist, its Delta log entries parse, and every data file it references exist and its Parquet footer read. Prints one line per problem, then what `engagelake repair` would do about it.
+    Every table version the ledger names must exist, its Delta log entries parse, and every data file it references exist and its Parquet footer read. Prints one line per problem, notes (such as what the read caches under _footers/ hold), then what `engagelake repair` would do about it.
 
     Example:
       engagelake check --store data/store

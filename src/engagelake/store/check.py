@@ -37,6 +37,7 @@ from deltalake import DeltaTable
 
 from engagelake.errors import StoreDamaged, StoreError
 from engagelake.store.delta import COMPACTING, LEDGER, DeltaStore, writer_lock
+from engagelake.store.footers import INDEX_FOLDER, data_file_of
 from engagelake.tables.schema import STORED
 
 REPAIRED = "_repaired"  # where `repair` moves the files it takes out of a store
@@ -67,6 +68,7 @@ class Report:
     aside: list[Path] = field(default_factory=list)  # files `repair` moves into REPAIRED
     discarded: list[int] = field(default_factory=list)  # batches the moves aside discard
     checked: dict[str, int] = field(default_factory=dict)  # table: data files verified
+    current: dict[str, set[str]] = field(default_factory=dict)  # table: its data files at the ledger's version
     head: int | None = None  # the ledger's newest batch (after a repair: the one kept)
 
     @property
@@ -176,7 +178,33 @@ def check_store(uri: str | Path) -> Report:
                             "`engagelake repair`)")
     if report.discarded and not report.rollback and not compacting:
         report.notes.append("no table is ahead of the ledger: the lost batch wrote no rows")
+    _footers_note(report, root)
     return report
+
+
+def _footers_note(report: Report, root: Path) -> None:
+    """What the read caches beside the tables hold (`store/footers.py`, `store/records.py`): a
+    reader rebuilds or goes without any of them, so they are counted, not checked."""
+    folder = root / INDEX_FOLDER
+    count = size = stale = stale_size = 0
+    for table in sorted(folder.iterdir()) if folder.is_dir() else []:
+        current = report.current.get(table.name, set())
+        for path in table.iterdir() if table.is_dir() else []:
+            n = path.stat().st_size
+            count, size = count + 1, size + n
+            if data_file_of(path.name) not in current:
+                stale, stale_size = stale + 1, stale_size + n
+    if not count:
+        return
+    line = f"read caches ({INDEX_FOLDER}/: footer indexes, Bloom filters, record copies): {count:,} files, {_mib(size)}"
+    if stale:
+        line += (f"; {stale:,} of them ({_mib(stale_size)}) serve data files the ledger's versions no longer use "
+                 "(merged away): `engagelake compact` removes them")
+    report.notes.append(line)
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:,.1f} MiB"
 
 
 def _check_log(report: Report, table: Path, named: int | None, *, ledger_log: bool = False) -> int | None:
@@ -264,9 +292,11 @@ def _check_files(report: Report, table: Path, name: str, version: int) -> bool:
                                        "restore the table from a backup"))
         return False
     ok = True
+    report.current[name] = set()
     for relative, rows in zip(actions.column("path").to_pylist(), actions.column("num_records").to_pylist(),
                               strict=True):
         path = _data_path(table, relative)
+        report.current[name].add(path.name)
         if not path.exists():
             what = (f"missing: version {version} of {name} references it; restore it from a backup "
                     "(a table cannot be read without it)")

@@ -259,6 +259,11 @@ def load_index(path: str, data_path: str, column: str) -> tuple[Footer, dict[str
         return None
 
 
+def data_file_of(name: str) -> str:
+    """The data file (its name in its table's folder) that a file of `_footers/<table>/` serves."""
+    return name.removesuffix(INDEX_SUFFIX) if name.endswith(INDEX_SUFFIX) else name.split(".parquet.")[0] + ".parquet"
+
+
 def prune_indexes(root: str) -> int:
     """Delete the indexes, Bloom filters and row-addressable copies (`store/records.py`) of data
     files that are gone (a vacuum removed them), those of another hash, and what a writer
@@ -268,7 +273,7 @@ def prune_indexes(root: str) -> int:
     folder = os.path.join(root, INDEX_FOLDER)
     for table in os.listdir(folder) if os.path.isdir(folder) else []:
         for name in os.listdir(os.path.join(folder, table)):
-            data = name.removesuffix(INDEX_SUFFIX) if name.endswith(INDEX_SUFFIX) else name.split(".parquet.")[0] + ".parquet"
+            data = data_file_of(name)
             data_path = os.path.join(root, table, data)
             kept = (name.endswith(INDEX_SUFFIX) or name == os.path.basename(bloom_path(root, data_path))
                     or name in {os.path.basename(p) for p in records.paths(index_path(root, data_path))})
