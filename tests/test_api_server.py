@@ -527,3 +527,60 @@ def test_a_full_queue_answers_503_and_stores_nothing(tmp_path: Path) -> None:
     finally:
         writer.stop()
     assert [u["external_id"] for u in ws.export_users(["external_id"])] == ["u1", "u2", "u4"]
+
+
+def _track(external_id: str, **attributes: Any) -> dict[str, Any]:
+    return {"method": "POST", "path": "/users/track", "body": {"attributes": [{"external_id": external_id, **attributes}]}}
+
+
+def test_a_batch_waits_for_the_clients_the_last_batch_answered(tmp_path: Path) -> None:
+    """After a batch of 8, a lone request waits for the 7 sent just after it: one batch, not a
+    batch of 1 and then one of 7 (the alternation the linger ends); arrival order holds."""
+    from engagelake.api.writer import GroupCommitWriter
+
+    ws = open_ws(tmp_path)
+    writer = GroupCommitWriter(ws, linger_gap=30.0, linger_max=60.0)  # only the 8th request ends the wait
+    first = [writer.submit(_track(f"u{i}")) for i in range(8)]
+    writer.start()
+    try:
+        assert [f.result(60).status for f in first] == [201] * 8 and writer.batches == 1
+        later = [writer.submit(_track("shared", last=0))]
+        time.sleep(0.05)  # the writer has drawn the lone request by now
+        later += [writer.submit(_track("shared", last=i)) for i in range(1, 8)]
+        assert [f.result(60).status for f in later] == [201] * 8
+        assert (writer.batches, writer.lingered) == (2, 1)
+    finally:
+        writer.stop()
+    shared = ws.call("POST", "/users/export/ids", {"external_ids": ["shared"], "fields_to_export": ["custom_attributes"]})
+    assert shared.body["users"] == [{"custom_attributes": {"last": 7}}]
+
+
+def test_a_lone_client_never_waits(tmp_path: Path) -> None:
+    from engagelake.api.writer import GroupCommitWriter
+
+    ws = open_ws(tmp_path)
+    writer = GroupCommitWriter(ws, linger_gap=30.0, linger_max=60.0)
+    writer.start()
+    try:
+        for i in range(4):  # each request waits for its answer before the next is sent
+            assert writer.submit(_track("solo", n=i)).result(60).status == 201
+    finally:
+        writer.stop()
+    assert (writer.batches, writer.lingered) == (4, 0)
+
+
+def test_a_stop_ends_the_wait_and_answers_what_came_before(tmp_path: Path) -> None:
+    from engagelake.api.writer import GroupCommitWriter
+
+    ws = open_ws(tmp_path)
+    writer = GroupCommitWriter(ws, linger_gap=60.0, linger_max=120.0)
+    first = [writer.submit(_track(f"u{i}")) for i in range(4)]
+    writer.start()
+    assert [f.result(60).status for f in first] == [201] * 4
+    lone = writer.submit(_track("lone"))
+    time.sleep(0.05)  # drawn, and waiting for 3 more that never come
+    stopping = threading.Thread(target=writer.stop)
+    stopping.start()
+    stopping.join(30)  # well within the 60 s gap the wait would otherwise run to
+    assert not stopping.is_alive() and lone.result(0).status == 201
+    assert (writer.batches, writer.lingered) == (2, 1)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from concurrent.futures import Future
 from typing import Any
 
@@ -24,6 +25,17 @@ MAX_BATCH = 500  # requests per batch: about 37,500 objects of full track reques
 # requests waiting for the writer before new ones are turned away (503): at the measured
 # 75 requests/s of full track requests, about 25 s of work, past most clients' timeouts
 MAX_QUEUED = 2000
+# When the writer finds fewer than half as many requests queued as its last batch held, the
+# clients that batch answered are most likely sending their next requests: it waits for them
+# while they keep arriving (a gap of LINGER_GAP_S ends the wait), up to LINGER_MAX_S, or until
+# the batch is as big as the last. Under load (64 clients) the writer had alternated a batch of
+# 1 request with one of 63: the first answered client to send again was drawn alone, and a
+# batch of 1 cost 95-390 ms, about what one of 63 did. The event loop answers a batch's 63
+# requests before it reads the next ones, so arrivals pause: gaps of 3, 10 and 20 ms ended the
+# wait too early (155-175 requests/s), 30 ms gave 199 (docs/decisions.md). A lone client
+# never waits: its last batch held one request.
+LINGER_GAP_S = 0.03
+LINGER_MAX_S = 0.1
 _STOP = object()
 
 
@@ -34,11 +46,15 @@ class WriterBusy(Exception):
 class GroupCommitWriter:
     """The server's single writer over `workspace`."""
 
-    def __init__(self, workspace: Workspace, *, max_batch: int = MAX_BATCH, max_queued: int = MAX_QUEUED):
+    def __init__(self, workspace: Workspace, *, max_batch: int = MAX_BATCH, max_queued: int = MAX_QUEUED,
+                 linger_gap: float = LINGER_GAP_S, linger_max: float = LINGER_MAX_S):
         self.workspace = workspace
         self.max_batch = max_batch
         self.max_queued = max_queued
+        self.linger_gap, self.linger_max = linger_gap, linger_max  # 0: never wait
         self.batches = 0  # batches applied, for the benchmark and the tests
+        self.lingered = 0  # batches that waited for requests on their way, likewise
+        self._last = 0  # requests in the last batch drawn
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._queued = 0  # requests taken and not yet drawn by the writer
         self._count = threading.Lock()
@@ -79,21 +95,38 @@ class GroupCommitWriter:
             if first is _STOP:
                 break
             batch = [first]
-            while len(batch) < self.max_batch:
-                try:
-                    item = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if item is _STOP:
-                    stopping = True  # answer what came before the stop, then end
-                    break
-                batch.append(item)
+            stopping = self._draw(batch, None)
+            if not stopping and len(batch) * 2 < self._last and self.linger_max > 0:
+                self.lingered += 1
+                stopping = self._draw(batch, time.monotonic() + self.linger_max, until=self._last)
+            self._last = len(batch)
             self._drawn(len(batch))
             # a request whose caller is gone (its handler was cancelled: a client that hung up,
             # a shutdown that timed out) is not applied: nobody could learn that it was
             live = [(request, future) for request, future in batch if future.set_running_or_notify_cancel()]
             if live:
                 self._apply(live)
+
+    def _draw(self, batch: list[Any], deadline: float | None, until: int | None = None) -> bool:
+        """Add queued requests to `batch`, in order: those waiting now (no `deadline`), or those
+        that keep arriving until `deadline` (a gap of `linger_gap` ends it) or until the batch
+        holds `until`. True when the stop came (the requests before it are in `batch`)."""
+        limit = min(self.max_batch, until or self.max_batch)
+        while len(batch) < limit:
+            try:
+                if deadline is None:
+                    item = self._queue.get_nowait()
+                else:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    item = self._queue.get(timeout=min(self.linger_gap, left))
+            except queue.Empty:
+                break
+            if item is _STOP:
+                return True  # answer what came before the stop, then end
+            batch.append(item)
+        return False
 
     def _apply(self, batch: list[tuple[dict[str, Any], Future[Response]]]) -> None:
         try:
