@@ -222,6 +222,22 @@ def test_unauthenticated_requests_get_401_with_a_message(keyed: tuple[httpx.Clie
     assert send(client, "POST", "/users/track", {**track, "api_key": "x"}, bearer(keys["users.track"])).status_code == 401
 
 
+def test_keys_are_checked_on_the_event_loop_within_their_ttl(tmp_path: Path) -> None:
+    """Within its TTL the ring read last answers without a read of the store; past it, a key
+    revoked by another process is refused."""
+    ws = open_ws(tmp_path)
+    key = ws.credentials.create_key("ingest", ["users.track"])
+    track = {"attributes": [{"external_id": "x1"}]}
+    with served(ws, credentials_ttl=0.5) as client:
+        assert send(client, "POST", "/users/track", track, bearer(key)).status_code == 201
+        Workspace.open(tmp_path / "store").credentials.revoke_key("ingest")
+        deadline = time.monotonic() + 30
+        while (status := send(client, "POST", "/users/track", track, bearer(key)).status_code) == 201:
+            assert time.monotonic() < deadline, "a revoked key still worked long past its TTL"
+            time.sleep(0.05)
+        assert status == 401
+
+
 def test_a_revoked_key_is_refused_at_once(tmp_path: Path) -> None:
     ws = open_ws(tmp_path)
     key = ws.credentials.create_key("ingest", ["users.track"])

@@ -54,17 +54,23 @@ class _Credentials:
     def __init__(self, uri: str, ttl: float):
         self.uri, self.ttl = uri, ttl
         self._reader: Workspace | None = None
-        self._ring: KeyRing | None = None
-        self._read_at = -float("inf")
+        self._kept: tuple[KeyRing, float] | None = None  # the ring and when it was read: one attribute, set at once
         self._lock = threading.Lock()
+
+    def fresh(self) -> KeyRing | None:
+        """The ring when it is younger than `ttl`, else None (read it again with `ring`): a
+        request then checks its key on the event loop, with no hop to a thread."""
+        kept = self._kept
+        return kept[0] if kept is not None and time.monotonic() - kept[1] <= self.ttl else None
 
     def ring(self) -> KeyRing:
         with self._lock:
-            if self._ring is None or time.monotonic() - self._read_at > self.ttl:
-                self._reader = self._reader or Workspace.open(self.uri, create=False)
-                self._ring = self._reader.credentials.key_ring()
-                self._read_at = time.monotonic()
-            return self._ring
+            if (ring := self.fresh()) is not None:
+                return ring
+            self._reader = self._reader or Workspace.open(self.uri, create=False)
+            ring = self._reader.credentials.key_ring()
+            self._kept = (ring, time.monotonic())
+            return ring
 
 
 def _json(status: int, body: Any, headers: dict[str, str] | None = None) -> HttpResponse:
@@ -151,7 +157,8 @@ def create_app(workspace: Workspace, *, rate_limits: dict[str, Limit] | None = D
         read megabytes."""
         if permission == SIGNED_LINK:
             return None
-        ring = await asyncio.to_thread(credentials.ring)
+        if (ring := credentials.fresh()) is None:  # older than its TTL: read again, off the event loop
+            ring = await asyncio.to_thread(credentials.ring)
         match = BEARER.match(request.headers.get("authorization", ""))
         if permission == SCIM:
             origin = ring.scim_token(match.group(1)) if match else None
