@@ -551,7 +551,7 @@ def _track(external_id: str, **attributes: Any) -> dict[str, Any]:
 
 def test_a_batch_waits_for_the_clients_the_last_batch_answered(tmp_path: Path) -> None:
     """After a batch of 8, a lone request waits for the 7 sent just after it: one batch, not a
-    batch of 1 and then one of 7 (the alternation the linger ends); arrival order holds."""
+    batch of 1 and then one of 7 (the alternation the wait ends); arrival order holds."""
     from engagelake.api.writer import GroupCommitWriter
 
     ws = open_ws(tmp_path)
@@ -569,6 +569,30 @@ def test_a_batch_waits_for_the_clients_the_last_batch_answered(tmp_path: Path) -
         writer.stop()
     shared = ws.call("POST", "/users/export/ids", {"external_ids": ["shared"], "fields_to_export": ["custom_attributes"]})
     assert shared.body["users"] == [{"custom_attributes": {"last": 7}}]
+
+
+def test_two_groups_of_clients_taking_turns_become_one_batch(tmp_path: Path) -> None:
+    """A batch of 8 ends with 4 more queued: 12 clients are busy. The next batch takes the 4
+    and waits for the 8 just answered, instead of the groups taking turns for ever."""
+    from engagelake.api.writer import GroupCommitWriter
+
+    ws = open_ws(tmp_path)
+    writer = GroupCommitWriter(ws, linger_gap=30.0, linger_max=60.0)  # only the 12th request ends the wait
+    first = [writer.submit(_track(f"a{i}")) for i in range(8)]
+    writer.start()
+    try:
+        deadline = time.monotonic() + 60
+        while writer.queued:  # the first batch is drawn: the next requests queue behind it
+            assert time.monotonic() < deadline
+            time.sleep(0.001)
+        second = [writer.submit(_track(f"b{i}")) for i in range(4)]
+        assert [f.result(60).status for f in first] == [201] * 8
+        third = [writer.submit(_track(f"c{i}")) for i in range(8)]  # the answered clients send again
+        assert [f.result(60).status for f in second + third] == [201] * 12
+        assert (writer.batches, writer.lingered) == (2, 1)
+    finally:
+        writer.stop()
+    assert len(ws.export_users(["external_id"])) == 20
 
 
 def test_a_lone_client_never_waits(tmp_path: Path) -> None:

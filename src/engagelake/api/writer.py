@@ -25,15 +25,15 @@ MAX_BATCH = 500  # requests per batch: about 37,500 objects of full track reques
 # requests waiting for the writer before new ones are turned away (503): at the measured
 # 155-205 requests/s of full track requests, 10-13 s of work, past most clients' timeouts
 MAX_QUEUED = 2000
-# When the writer finds fewer than half as many requests queued as its last batch held, the
-# clients that batch answered are most likely sending their next requests: it waits for them
-# while they keep arriving (a gap of LINGER_GAP_S ends the wait), up to LINGER_MAX_S, or until
-# the batch is as big as the last. Under load (64 clients) the writer had alternated a batch of
-# 1 request with one of 63: the first answered client to send again was drawn alone, and a
-# batch of 1 cost 95-390 ms, about what one of 63 did. The event loop answers a batch's 63
-# requests before it reads the next ones, so arrivals pause: gaps of 3, 10 and 20 ms ended the
-# wait too early (155-175 requests/s), 30 ms gave 199 (docs/decisions.md). A lone client
-# never waits: its last batch held one request.
+# Clients busy when a batch ends are those it answered, who are most likely sending their next
+# requests, and those queued. When the writer finds fewer queued than that, it waits for the
+# rest while they keep arriving (a gap of LINGER_GAP_S ends the wait), up to LINGER_MAX_S, or
+# until the batch holds them all. Under load (64 clients) the writer had alternated a batch of
+# 1 request with one of 63 (the first answered client to send again was drawn alone), or
+# settled in two groups of about 32 taking turns; a batch costs little more for 63 requests
+# than for 1 or 32 (95-390, 200, 230 ms). The event loop answers a batch's requests before it
+# reads the next ones, so arrivals pause: gaps of 3, 10 and 20 ms ended the wait too early,
+# 30 ms did not (docs/decisions.md). A lone client never waits: it is the only one busy.
 LINGER_GAP_S = 0.03
 LINGER_MAX_S = 0.1
 _STOP = object()
@@ -54,7 +54,7 @@ class GroupCommitWriter:
         self.linger_gap, self.linger_max = linger_gap, linger_max  # 0: never wait
         self.batches = 0  # batches applied, for the benchmark and the tests
         self.lingered = 0  # batches that waited for requests on their way, likewise
-        self._last = 0  # requests in the last batch drawn
+        self._last = 0  # clients busy when the last batch ended (answered, or queued)
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._queued = 0  # requests taken and not yet drawn by the writer
         self._count = threading.Lock()
@@ -80,6 +80,11 @@ class GroupCommitWriter:
         self._queue.put((request, future))
         return future
 
+    @property
+    def queued(self) -> int:
+        """Requests taken and not yet drawn into a batch."""
+        return self._queued
+
     def full(self) -> bool:
         """Whether a request submitted now would be turned away (a hint: `submit` decides)."""
         return self._queued >= self.max_queued
@@ -96,16 +101,17 @@ class GroupCommitWriter:
                 break
             batch = [first]
             stopping = self._draw(batch, None)
-            if not stopping and len(batch) * 2 < self._last and self.linger_max > 0:
+            if not stopping and len(batch) < self._last and self.linger_max > 0:
                 self.lingered += 1
                 stopping = self._draw(batch, time.monotonic() + self.linger_max, until=self._last)
-            self._last = len(batch)
             self._drawn(len(batch))
             # a request whose caller is gone (its handler was cancelled: a client that hung up,
             # a shutdown that timed out) is not applied: nobody could learn that it was
             live = [(request, future) for request, future in batch if future.set_running_or_notify_cancel()]
             if live:
                 self._apply(live)
+            # the clients busy now: those just answered, who may send again, and those queued
+            self._last = len(batch) + self.queued
 
     def _draw(self, batch: list[Any], deadline: float | None, until: int | None = None) -> bool:
         """Add queued requests to `batch`, in order: those waiting now (no `deadline`), or those
