@@ -581,10 +581,7 @@ def test_two_groups_of_clients_taking_turns_become_one_batch(tmp_path: Path) -> 
     first = [writer.submit(_track(f"a{i}")) for i in range(8)]
     writer.start()
     try:
-        deadline = time.monotonic() + 60
-        while writer.queued:  # the first batch is drawn: the next requests queue behind it
-            assert time.monotonic() < deadline
-            time.sleep(0.001)
+        _until_drawn(writer)  # the first batch is drawn: the next requests queue behind it
         second = [writer.submit(_track(f"b{i}")) for i in range(4)]
         assert [f.result(60).status for f in first] == [201] * 8
         third = [writer.submit(_track(f"c{i}")) for i in range(8)]  # the answered clients send again
@@ -593,6 +590,34 @@ def test_two_groups_of_clients_taking_turns_become_one_batch(tmp_path: Path) -> 
     finally:
         writer.stop()
     assert len(ws.export_users(["external_id"])) == 20
+
+
+def _until_drawn(writer: Any) -> None:
+    """Until the writer has drawn every queued request (and ended any wait for more)."""
+    deadline = time.monotonic() + 60
+    while writer.queued:
+        assert time.monotonic() < deadline
+        time.sleep(0.001)
+
+
+def test_a_wait_that_gains_nothing_is_not_tried_again_at_once(tmp_path: Path) -> None:
+    """Clients slower than the gap (far away, or slow to send): a wait that gained no request
+    is not tried again for the next batches, where it would only add its gap."""
+    from engagelake.api.writer import GroupCommitWriter
+
+    ws = open_ws(tmp_path)
+    writer = GroupCommitWriter(ws, linger_gap=0.05, linger_max=1.0)
+    first = [writer.submit(_track(f"a{i}")) for i in range(4)]
+    writer.start()
+    try:
+        _until_drawn(writer)
+        lone = writer.submit(_track("b"))  # queued behind 4: 5 clients busy when they end
+        _until_drawn(writer)  # drawn alone, and the 4 answered never send again: a wait for nothing
+        later = writer.submit(_track("c"))  # queued behind "b": 2 busy when it ends
+        assert [f.result(60).status for f in [*first, lone, later]] == [201] * 6
+        assert (writer.batches, writer.lingered) == (3, 1)  # "c" did not wait for "b"'s client
+    finally:
+        writer.stop()
 
 
 def test_a_lone_client_never_waits(tmp_path: Path) -> None:

@@ -36,6 +36,9 @@ MAX_QUEUED = 2000
 # 30 ms did not (docs/decisions.md). A lone client never waits: it is the only one busy.
 LINGER_GAP_S = 0.03
 LINGER_MAX_S = 0.1
+# A wait that gained no request (clients whose next request takes longer than the gap: far
+# away, or slow to send) is not tried again for this many batches: it would only add its gap.
+LINGER_PAUSE = 8
 _STOP = object()
 
 
@@ -55,6 +58,7 @@ class GroupCommitWriter:
         self.batches = 0  # batches applied, for the benchmark and the tests
         self.lingered = 0  # batches that waited for requests on their way, likewise
         self._last = 0  # clients busy when the last batch ended (answered, or queued)
+        self._no_waits = 0  # batches left before the writer waits again (LINGER_PAUSE)
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._queued = 0  # requests taken and not yet drawn by the writer
         self._count = threading.Lock()
@@ -102,8 +106,14 @@ class GroupCommitWriter:
             batch = [first]
             stopping = self._draw(batch, None)
             if not stopping and len(batch) < self._last and self.linger_max > 0:
-                self.lingered += 1
-                stopping = self._draw(batch, time.monotonic() + self.linger_max, until=self._last)
+                if self._no_waits:
+                    self._no_waits -= 1
+                else:
+                    self.lingered += 1
+                    drawn = len(batch)
+                    stopping = self._draw(batch, time.monotonic() + self.linger_max, until=self._last)
+                    if len(batch) == drawn and not stopping:  # nobody came: clients slower than the gap
+                        self._no_waits = LINGER_PAUSE
             self._drawn(len(batch))
             # a request whose caller is gone (its handler was cancelled: a client that hung up,
             # a shutdown that timed out) is not applied: nobody could learn that it was
