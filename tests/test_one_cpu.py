@@ -198,3 +198,68 @@ def test_where_pinning_fails_it_runs_as_it_is(monkeypatch):
     monkeypatch.undo()
     with cpus.one_cpu() as pin:  # nothing was left held
         assert pin.cpu is not None
+
+
+def _runs_of_users(ws: Workspace, prefixes: str, users: int = 5000) -> None:
+    """One run a prefix, each of `users` new users: files of 5 row groups, so that an export
+    reads row groups of each (`store/runs.py`), not whole files."""
+    for prefix in prefixes:
+        responses = ws.apply([{"method": "POST", "path": "/users/track", "body": {"attributes": [
+            {"external_id": f"{prefix}{i}", "plan": "pro"} for i in range(start, min(start + 75, users))]}}
+            for start in range(0, users, 75)])
+        assert {r.status for r in responses} == {201}
+
+
+def _read_threads(monkeypatch) -> tuple[list[str], list[str]]:
+    """The threads that read tables (`read_where`) and row groups (pyarrow's reads): spied on,
+    they still run."""
+    import pyarrow.parquet as pq
+
+    from engagelake.store import delta
+
+    tables: list[str] = []
+    groups: list[str] = []
+    real_table, real_groups = delta.read_where, pq.ParquetFile.read_row_groups
+
+    def read_where(*args, **kwargs):
+        tables.append(threading.current_thread().name)
+        return real_table(*args, **kwargs)
+
+    def read_row_groups(self, *args, **kwargs):
+        groups.append(threading.current_thread().name)
+        return real_groups(self, *args, **kwargs)
+    monkeypatch.setattr(delta, "read_where", read_where)
+    monkeypatch.setattr(pq.ParquetFile, "read_row_groups", read_row_groups)
+    return tables, groups
+
+
+def test_a_pinned_batch_reads_in_its_own_thread_unless_the_reads_are_many(tmp_path, monkeypatch):
+    """A small batch (pinned) reads its tables one after another, and a few row groups of
+    several files, in its own thread; many row groups go to the read pool; unpinned, the
+    tables and files are read side by side."""
+    from engagelake.store import runs
+
+    ws = Workspace.create(tmp_path / "store")
+    _runs_of_users(ws, "ab")
+    export = {"external_ids": ["a7", "b7"], "fields_to_export": ["external_id", "custom_attributes"]}
+    answer = {"message": "success", "users": [{"external_id": e, "custom_attributes": {"plan": "pro"}}
+                                              for e in ("a7", "b7")]}
+    tables, groups = _read_threads(monkeypatch)
+    here = threading.current_thread().name
+    assert ws.call("POST", "/users/export/ids", export).body == answer
+    assert len(tables) == 3 and set(tables) == {here}  # external IDs, then profiles and attributes
+    assert groups and set(groups) == {here}  # two files' row groups of external IDs
+
+    tables.clear()
+    groups.clear()
+    monkeypatch.setattr(runs, "POOLED_READ_GROUPS", 2)  # as many as a big probe's
+    assert ws.call("POST", "/users/export/ids", export).body == answer
+    assert set(tables) == {here} and any(name.startswith("engagelake-reads") for name in groups)
+
+    tables.clear()
+    groups.clear()
+    monkeypatch.setattr(runs, "POOLED_READ_GROUPS", 32)
+    monkeypatch.setenv(cpus.ENV, "0")  # unpinned: side by side
+    assert ws.call("POST", "/users/export/ids", export).body == answer
+    assert any(name.startswith("engagelake-prefetch") for name in tables)
+    assert any(name.startswith("engagelake-reads") for name in groups)

@@ -30,6 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from engagelake.cpus import pinned
 from engagelake.store import membership, records
 from engagelake.store.footers import (
     Footer,
@@ -85,6 +86,11 @@ FOOTER_THREADS = 2
 # at 10M took 67.5-69.0 ms with 2 read and 2 prefetch threads on 2 cores, against 72.3-73.1
 # with 4 and 6 and pyarrow's threads.
 READ_THREADS = min(4, os.cpu_count() or 1)
+# A thread pinned to one CPU (a small batch: `cpus.py`) reads the files itself unless they hold
+# this many row groups to read in all: handing a few reads to the pool cost more than it saved
+# (an export of 10 users at 10M: 30.4 against 33.5 ms p50; of 50 users, 51 groups a table,
+# the pool still pays: 57-60 against 63.7 ms).
+POOLED_READ_GROUPS = 32
 # A file with a row-addressable copy (`store/records.py`) is probed there when it has at least
 # this many rows per value probed; a bigger probe reads the file as before. At 10M users the
 # copies took 7,700 IDs in 37 against 529 ms, 165,000 in 439 against 866 ms (one value per 60
@@ -550,7 +556,8 @@ def _read_groups(reads: list[tuple[Footer, list[int]]], column: str, exact: pa.A
         rows = file.read_row_groups(groups, columns=_holding_values(file.metadata, groups, wanted, column),
                                     use_threads=False)
         return rows.filter(pc.is_in(rows.column(column), exact))
-    return list(_read_pool().map(read, reads)) if len(reads) > 1 else [read(reads[0])]
+    pooled = len(reads) > 1 and (not pinned() or sum(len(groups) for _, groups in reads) >= POOLED_READ_GROUPS)
+    return list(_read_pool().map(read, reads)) if pooled else [read(task) for task in reads]
 
 
 def _holding_values(metadata: pq.FileMetaData, groups: list[int], columns: list[str], key: str) -> list[str]:
