@@ -28,6 +28,11 @@ __all__ = ["Changes", "State", "apply_changes"]
 # Tables a prefetch reads at once (an export reads up to six), no more than the cores: their
 # reads are CPU work (see `store/runs.py`, READ_THREADS)
 PREFETCH_THREADS = min(6, os.cpu_count() or 1)
+# A pinned batch prefetches this many users' rows or fewer table after table in its own thread
+# (warm exports at 10M: 1 user 15.5-16.0 against 19.0-19.1 ms p50, 10 users 29.6 against
+# 35.2-37.3, 25 users 44.5 against 48.1). For 50 users, side by side was faster at 1.18M users
+# (46.0-46.4 against 49.1-50.6 ms) and slower at 10M (61-62 against 58-60): kept as it was.
+SERIAL_PREFETCH_USERS = 32
 # columns that name a user, in any table (lineage rows name two)
 SUBJECT_COLUMNS = ("service_id", "into", "source_sid", "target_sid")
 
@@ -206,10 +211,9 @@ class State:
                 read = self._plan_probe(name, "service_id", wanted)
             if read is not None:
                 reads.append(read)
-        # a batch pinned to one CPU (a small one: `cpus.py`) reads the tables one after another,
-        # in its own thread: handing each to a thread cost more than it saved (an export of 50
-        # users at 10M: 57-60 against 62 ms p50; of 10 users 33.5 against 37.3)
-        side_by_side = len(reads) > 1 and not pinned()
+        # a batch pinned to one CPU (a small one: `cpus.py`) reads a few users' tables one after
+        # another, in its own thread: handing each to a thread cost more than it saved
+        side_by_side = len(reads) > 1 and (not pinned() or len(users) > SERIAL_PREFETCH_USERS)
         found = _probe_pool().map(_Read.run, reads) if side_by_side else map(_Read.run, reads)
         for read, rows in zip(reads, found, strict=True):
             self._take(read, rows)
