@@ -211,25 +211,23 @@ def _runs_of_users(ws: Workspace, prefixes: str, users: int = 5000) -> None:
 
 
 def _read_threads(monkeypatch) -> tuple[list[str], list[str]]:
-    """The threads that read tables (`read_where`) and row groups (pyarrow's reads): spied on,
-    they still run."""
-    import pyarrow.parquet as pq
-
-    from engagelake.store import delta
+    """The threads that read tables (`read_where`) and row groups (a file's point read):
+    spied on, they still run."""
+    from engagelake.store import delta, footers
 
     tables: list[str] = []
     groups: list[str] = []
-    real_table, real_groups = delta.read_where, pq.ParquetFile.read_row_groups
+    real_table, real_groups = delta.read_where, footers.Footer.read
 
     def read_where(*args, **kwargs):
         tables.append(threading.current_thread().name)
         return real_table(*args, **kwargs)
 
-    def read_row_groups(self, *args, **kwargs):
+    def read_groups(self, *args, **kwargs):
         groups.append(threading.current_thread().name)
         return real_groups(self, *args, **kwargs)
     monkeypatch.setattr(delta, "read_where", read_where)
-    monkeypatch.setattr(pq.ParquetFile, "read_row_groups", read_row_groups)
+    monkeypatch.setattr(footers.Footer, "read", read_groups)
     return tables, groups
 
 

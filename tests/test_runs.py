@@ -16,7 +16,7 @@ from tests.helpers import export_users, open_ws, track_ok
 
 from engagelake.store import footers as footers_module
 from engagelake.store import membership, records, runs
-from engagelake.store.footers import read_footer
+from engagelake.store.footers import NESTED, held_columns, read_footer
 from engagelake.store.runs import FooterCache, files_holding, matching_groups, read_where
 
 SCHEMA = {"k": pl.String(), "v": pl.Int64()}
@@ -285,13 +285,14 @@ def test_a_point_read_decodes_only_the_columns_asked_for(tmp_path, monkeypatch) 
     frame = pl.DataFrame({"k": [f"{i:04d}" for i in range(4_000)], "v": range(4_000), "big": ["x" * 50] * 4_000})
     frame.write_parquet(path, row_group_size=100)
     asked = []
-    read = pq.ParquetFile.read_row_groups
+    read = footers_module.Footer.read
 
-    def spy(self, row_groups, columns=None, **kwargs):  # pyarrow's reader, watched
-        asked.append(columns)
-        return read(self, row_groups, columns=columns, **kwargs)
+    def spy(self, *args, **kwargs):  # what pyarrow's reader decoded, watched
+        rows = read(self, *args, **kwargs)
+        asked.append(rows.column_names)
+        return rows
 
-    monkeypatch.setattr(pq.ParquetFile, "read_row_groups", spy)
+    monkeypatch.setattr(footers_module.Footer, "read", spy)
     schema = {"k": pl.String(), "v": pl.Int64(), "big": pl.String()}
     got = read_where([str(path)], "k", pl.Series(["0007", "3999"]), FooterCache(), schema, ["v"])
     assert got.to_dict(as_series=False) == {"v": [7, 3_999]}
@@ -350,17 +351,23 @@ def test_a_point_read_skips_null_column_chunks_and_returns_what_a_filter_returns
     assert sorted(map(repr, got.rows())) == sorted(map(repr, expected.rows()))
 
 
-def test_holding_values_leaves_out_only_columns_null_in_every_group_read(tmp_path: Path) -> None:
+def test_held_columns_leave_out_only_columns_null_in_every_group_read(tmp_path: Path) -> None:
     path = tmp_path / "f.parquet"
     frame = pl.DataFrame({"k": ["a", "b", "c", "d"], "s": [None, None, "x", None],
                           "n": [None, None, None, None], "l": [None, None, None, None]},
                          schema=SPARSE)
     pq.write_table(frame.to_arrow(), path, row_group_size=2)
-    metadata = pq.ParquetFile(path).metadata
+    footer, metadata = read_footer(str(path))
+    leaves = footer.leaves(metadata)
+    assert leaves == {"k": (0,), "s": (1,), "n": (2,), "l": (3, NESTED)}  # a list: one leaf
     wanted = ["k", "s", "n", "l"]
-    assert runs._holding_values(metadata, [0], wanted, "k") == ["k", "l"]
-    assert runs._holding_values(metadata, [0, 1], wanted, "k") == ["k", "s", "l"]
-    assert runs._holding_values(metadata, [1], ["s", "n"], "k") == ["s"]
+    assert held_columns(metadata, [0], wanted, "k", leaves) == ["k", "l"]
+    assert held_columns(metadata, [0, 1], wanted, "k", leaves) == ["k", "s", "l"]
+    assert held_columns(metadata, [1], ["s", "n"], "k", leaves) == ["s"]
+    # a read leaves out the null columns only; the list and the key always come back
+    assert footer.read([1], wanted, "k").column_names == ["k", "s", "l"]
+    assert footer.read([0], None, "k").column_names == ["k", "l"]
+    assert footer.read([0, 1], None, "k").to_pydict()["s"] == [None, None, "x", None]
 
 
 @settings(max_examples=60, deadline=None)

@@ -551,33 +551,12 @@ def _read_groups(reads: list[tuple[Footer, list[int]]], column: str, exact: pa.A
     by side (pyarrow reads and filters without the GIL: an export's probe reads a few row
     groups of each of 5 to 10 files)."""
     def read(task: tuple[Footer, list[int]]) -> pa.Table:
-        file, groups = task[0].open(task[1])
-        wanted = file.schema_arrow.names if columns is None else [*dict.fromkeys([column, *columns])]
-        rows = file.read_row_groups(groups, columns=_holding_values(file.metadata, groups, wanted, column),
-                                    use_threads=False)
+        footer, groups = task
+        wanted = None if columns is None else [*dict.fromkeys([column, *columns])]
+        rows = footer.read(groups, wanted, column)
         return rows.filter(pc.is_in(rows.column(column), exact))
     pooled = len(reads) > 1 and (not pinned() or sum(len(groups) for _, groups in reads) >= POOLED_READ_GROUPS)
     return list(_read_pool().map(read, reads)) if pooled else [read(task) for task in reads]
-
-
-def _holding_values(metadata: pq.FileMetaData, groups: list[int], columns: list[str], key: str) -> list[str]:
-    """Of `columns`, those not null throughout `groups` by their statistics (a column left out
-    reads as null: `_conformed`). A sparse profile field is null in most row groups, and a
-    column chunk costs a point read about the same whatever it holds (15 of the 31 chunks of a
-    profiles row group of the 10M benchmark store hold only nulls). Nested columns are always
-    read: an empty list counts as a null in the statistics."""
-    chosen = [metadata.row_group(g) for g in groups]
-    # leaf paths from a row group, not `metadata.schema` (its cycle back to the footer keeps the
-    # footer alive until the garbage collector runs: see `_fences`); a nested leaf has a dotted path
-    flat = {chosen[0].column(i).path_in_schema: i for i in range(metadata.num_columns)} if chosen else {}
-    kept = []
-    for name in columns:
-        at = flat.get(name)
-        if name == key or at is None or not all(
-                (stats := group.column(at).statistics) is not None and stats.has_null_count
-                and stats.null_count == group.num_rows for group in chosen):
-            kept.append(name)
-    return kept
 
 
 @functools.cache
@@ -596,7 +575,7 @@ def _conformed(tables: list[pa.Table], schema: dict[str, pl.DataType]) -> pl.Dat
     # 31 columns); a serial 50-user export at 10M took 66-68 against 69-70 ms of CPU
     frame = pl.from_arrow(pa.concat_tables(tables, promote_options="permissive").combine_chunks())
     assert isinstance(frame, pl.DataFrame)
-    # a column no file held (or none held a value of: `_holding_values`) is null in every row,
+    # a column no file held (or none held a value of: `footers.held_columns`) is null in every row,
     # added beside the key column read, so that it takes the frame's length
     missing = [pl.lit(None, t).alias(c) for c, t in schema.items() if c not in frame.columns]
     return frame.with_columns(missing).select([pl.col(c).cast(t) for c, t in schema.items()])
