@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import httpx
 import orjson
@@ -106,6 +107,7 @@ SCRIPT: list[tuple[str, str, Any, dict[str, str] | None]] = [
                                        "preference_center_page_html": "<p>{{${email_address}}}</p>",
                                        "confirmation_page_html": "<p>done</p>"}, None),
     ("GET", "/preference_center/v1/list", None, None),
+    ("PUT", "/preference_center/v1/public_url", {"public_url": "https://prefs.example.com"}, None),
     ("GET", "/campaigns/translations", None, {"campaign_id": "c1", "message_variation_id": "m1"}),
     ("GET", "/campaign/translations", None, {"campaign_id": "c1"}),
     ("POST", "/scim/v2/Users", {"schemas": ["urn:ietf:params:scim:schemas:core:2.0:User"],
@@ -139,6 +141,7 @@ def test_every_endpoint_answers_over_http_as_workspace_call(tmp_path: Path) -> N
                                                         "confirmation_page_html": "<p>ok</p>"}, None),
             ("GET", f"/preference_center/v1/{center}/page", None, {"external_id": "ann"}),
             ("POST", f"/preference_center/v1/{center}/submit", {}, {"token": "forged"}),
+            ("GET", f"/preference_center/v1/{center}/link", None, {"external_id": "ann"}),
             ("GET", f"/scim/v2/Users/{uid}", None, None),
             ("PUT", f"/scim/v2/Users/{uid}", {"schemas": ["urn:ietf:params:scim:schemas:core:2.0:User"],
                                               "name": {"givenName": "Ann", "familyName": "Li"},
@@ -150,8 +153,17 @@ def test_every_endpoint_answers_over_http_as_workspace_call(tmp_path: Path) -> N
                        query)
             want = twin.call(method, path, body, query)
             assert (got.status_code, body_of(got)) == (want.status, want.body), (method, path)
+        # a recipient's page and its form, by the link (the token is the only credential)
+        link = twin.call("GET", f"/preference_center/v1/{center}/link", query={"external_id": "ann"}).body["url"]
+        token = parse_qs(urlsplit(link).query)["token"][0]
+        recipient = [("GET", f"/preferences/{center}", None, {"token": token}),
+                     ("POST", f"/preferences/{center}", {}, {"token": token})]
+        for method, path, body, query in recipient:
+            got = send(client, method, path, body, None, query)
+            want = twin.call(method, path, body, query)
+            assert (got.status_code, body_of(got)) == (want.status, want.body), (method, path)
     patterns = {(m, p) for p, methods in ROUTE_TABLE.items() for m in methods}
-    assert len(seen) + len(later) == len(patterns)  # every endpoint, once
+    assert len(seen) + len(later) + len(recipient) == len(patterns)  # every endpoint, once
     assert served_ws.export_users(["external_id", "email"]) == twin.export_users(["external_id", "email"])
 
 

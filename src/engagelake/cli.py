@@ -583,8 +583,15 @@ scim_tokens_app = typer.Typer(
     "  engagelake scim-tokens create --origin https://idp.example.com",
     no_args_is_help=True,
 )
+preference_centers_app = typer.Typer(
+    help="Preference centers for email recipients: create one from the default page, make a user's "
+    "signed link.\n\nEach command has its own --help.\n\nExample:\n"
+    "  engagelake preference-centers create-default --name main --group news=News",
+    no_args_is_help=True,
+)
 app.add_typer(keys_app, name="keys")
 app.add_typer(scim_tokens_app, name="scim-tokens")
+app.add_typer(preference_centers_app, name="preference-centers")
 
 
 @app.command()
@@ -603,6 +610,10 @@ def serve(
     max_body_bytes: Annotated[int, typer.Option(min=1, help="Largest request body accepted (413 beyond).")] = 10 * 1024 * 1024,
     max_queued: Annotated[int, typer.Option(min=1, help="Requests waiting to be applied before new ones get 503 "
                                                          "with Retry-After.")] = 2000,
+    public_url: Annotated[
+        str | None, typer.Option(help="The URL recipients reach this server at (behind a proxy: the proxy's), "
+                                      "recorded in the store as the base of preference center links.")
+    ] = None,
 ) -> None:
     """Serve the API over HTTP: every endpoint, with keys, SCIM tokens, rate limits.
 
@@ -611,6 +622,7 @@ def serve(
     Examples:
       engagelake serve --store data/store --port 8000
       engagelake serve --rate-limits off --host 0.0.0.0
+      engagelake serve --public-url https://prefs.example.com
     """
     from engagelake.api.limits import DEFAULT_LIMITS, parse_limit
 
@@ -630,6 +642,8 @@ def serve(
         from engagelake.api import create_app
 
         workspace = Workspace.open(store)
+        if public_url is not None:
+            workspace.preference_centers.set_public_url(public_url)
         app_ = create_app(workspace, rate_limits=limits if rate_limits == "on" else None,
                           max_body_bytes=max_body_bytes, max_queued=max_queued)
         uvicorn.run(app_, host=host, port=port, log_level="info")
@@ -751,6 +765,59 @@ def scim_tokens_revoke(
         except ConfigError as error:
             _fail(f"{error}; `engagelake scim-tokens list --store {store}` shows every token's ID")
     _say(f"revoked SCIM token {token_id!r}", markup=False)
+
+
+@preference_centers_app.command("create-default")
+def preference_centers_create_default(
+    name: Annotated[str, typer.Option(help="The center's name, unique in the store (its liquid_tag names it).")],
+    group: Annotated[
+        list[str], typer.Option(metavar="ID=LABEL", help="A subscription group and its label on the page (repeatable, "
+                                                         "in page order).")
+    ],
+    title: Annotated[str, typer.Option(help="The page's title and heading.")] = "Email preferences",
+    store: Store = DEFAULT_STORE,
+) -> None:
+    """Create a preference center from the default page; print its ID, alone, on the last line.
+
+    The page has one checkbox per group, a global unsubscribe and a save button; it needs no JavaScript and fits a phone's screen (data/preference_center/).
+
+    Example:
+      engagelake preference-centers create-default --name main --group news=News
+    """
+    groups: dict[str, str] = {}
+    for text in group:
+        group_id, sep, label = text.partition("=")
+        if not sep or not group_id.strip() or not label.strip():
+            _fail(f"--group takes ID=LABEL, not {text!r}")
+        groups[group_id.strip()] = label.strip()
+    with _input_errors():
+        created = _open_existing(store).preference_centers.create_default(name, groups, title=title)
+    typer.echo(f"created preference center {name!r}; its liquid_tag is {created['liquid_tag']}")
+    typer.echo(created["preference_center_api_id"])
+
+
+@preference_centers_app.command("link")
+def preference_centers_link(
+    center: Annotated[str, typer.Option(help="The center's ID or name.")],
+    external_id: Annotated[str, typer.Option(help="The user's external ID.")],
+    expires_in_days: Annotated[float, typer.Option(min=0.001, help="How long the link works.")] = 30,
+    base_url: Annotated[str | None, typer.Option(help="The server's public URL (default: the one recorded by "
+                                                      "serve --public-url).")] = None,
+    store: Store = DEFAULT_STORE,
+) -> None:
+    """Print a user's signed link to a center's page, alone, on the last line.
+
+    The link is the recipient's only credential: it opens the page and saves the form until it expires.
+
+    Example:
+      engagelake preference-centers link --center main --external-id u1
+    """
+    from datetime import timedelta
+
+    with _input_errors():
+        url = _open_existing(store).preference_centers.link(
+            center, external_id, expires_in=timedelta(days=expires_in_days), base_url=base_url)
+    typer.echo(url)
 
 
 # --- demo steps ----------------------------------------------------------------------------------

@@ -30,6 +30,11 @@ ENDPOINT_PERMISSIONS: dict[tuple[str, str], str] = {
     ("GET", "/preference_center/v1/{preferenceCenterExternalID}"): "preference_center.get",
     ("GET", "/preference_center/v1/{preferenceCenterExternalID}/page"): "preference_center.get",
     ("POST", "/preference_center/v1/{preferenceCenterExternalID}/submit"): SIGNED_LINK,
+    # a link lets its holder change a user's subscriptions: a permission of its own
+    ("GET", "/preference_center/v1/{preferenceCenterExternalID}/link"): "preference_center.link",
+    ("PUT", "/preference_center/v1/public_url"): "preference_center.update",
+    ("GET", "/preferences/{preferenceCenterExternalID}"): SIGNED_LINK,
+    ("POST", "/preferences/{preferenceCenterExternalID}"): SIGNED_LINK,
     ("GET", "/catalogs"): "catalogs.get",
     ("POST", "/catalogs"): "catalogs.create",
     ("PUT", "/catalogs/{catalog_name}/items"): "catalogs.replace_items",

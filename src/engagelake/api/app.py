@@ -23,6 +23,7 @@ from fastapi.responses import HTMLResponse
 from fastapi.responses import Response as HttpResponse
 from pydantic.json_schema import models_json_schema
 
+from engagelake.api import pages
 from engagelake.api.limits import DEFAULT_LIMITS, LIMITED, Limit, RateLimiter
 from engagelake.api.writer import MAX_BATCH, MAX_QUEUED, GroupCommitWriter, WriterBusy
 from engagelake.permissions import ENDPOINT_PERMISSIONS, SCIM, SIGNED_LINK
@@ -180,6 +181,18 @@ def create_app(workspace: Workspace, *, rate_limits: dict[str, Limit] | None = D
         return None
 
     async def dispatch(request: Request) -> HttpResponse:
+        if pages.is_page(request.url.path):  # a recipient's browser: every answer a page
+            answered = await dispatch_api(request)
+            if answered.headers.get("content-type", "").startswith("text/html"):
+                return answered
+            try:
+                message = orjson.loads(bytes(answered.body)).get("message")
+            except (orjson.JSONDecodeError, AttributeError):
+                message = None
+            return pages.error(answered.status_code, message)
+        return await dispatch_api(request)
+
+    async def dispatch_api(request: Request) -> HttpResponse:
         method, path = request.method, request.url.path
         pattern, error = route_of(method, path)
         if error is not None:
@@ -194,6 +207,8 @@ def create_app(workspace: Workspace, *, rate_limits: dict[str, Limit] | None = D
             return _json(413, {"message": f"request body over {max_body_bytes:,} bytes; split it into smaller requests"})
         if permission not in (SCIM, SIGNED_LINK) and _key_in_body(body):
             return _key_in_body_refused()
+        if pages.is_page(path):
+            body = pages.form_body(body, request.headers.get("content-type", ""))
         if writer.full():  # before the rate limit: a request turned away spends none of it
             return _busy(writer.max_queued, {})
         headers: dict[str, str] = {}
@@ -212,6 +227,8 @@ def create_app(workspace: Workspace, *, rate_limits: dict[str, Limit] | None = D
         except WriterBusy:
             return _busy(writer.max_queued, headers)
         response = await asyncio.wrap_future(submitted)
+        if pages.is_page(path):
+            return pages.answer(response)
         return _answer(response, headers)
 
     @app.get("/healthz", include_in_schema=False)
@@ -251,7 +268,9 @@ def create_app(workspace: Workspace, *, rate_limits: dict[str, Limit] | None = D
     app.openapi = openapi  # type: ignore[method-assign]
 
     @app.exception_handler(Exception)
-    async def failed(request: Request, error: Exception) -> HttpResponse:  # never an HTML page
+    async def failed(request: Request, error: Exception) -> HttpResponse:  # never a framework's page
+        if pages.is_page(request.url.path):
+            return pages.error(500)
         return _json(500, {"message": f"internal error ({type(error).__name__}); the server log has the details"})
 
     return app

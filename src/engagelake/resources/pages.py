@@ -148,6 +148,8 @@ def user_variables(profile: dict[str, Any] | None, groups: dict[str, str], submi
     return {
         "subscribed_state": states,
         "email_address": (profile or {}).get("email") or "",
+        "first_name": (profile or {}).get("first_name") or "",
+        "last_name": (profile or {}).get("last_name") or "",
         "preference_center_submit_url": submit_url,
     }
 

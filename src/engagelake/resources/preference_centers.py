@@ -14,12 +14,15 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import re
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from html import escape as html_escape
+from pathlib import Path
 from types import ModuleType
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import urlencode, urlsplit
 
 import orjson
 import polars as pl
@@ -29,7 +32,12 @@ from engagelake.routing import Client, Context, Handler, Request, Response
 from engagelake.rules.state import Changes
 
 BASE = "/preference_center/v1"
+# a recipient's page: the link a message carries (`link`), whose token is the only credential
+RECIPIENT_BASE = "/preferences"
 TOKEN_LIFETIME = timedelta(days=7)
+LINK_LIFETIME = timedelta(days=30)  # a link's default life (`link`, `expires_in`)
+PUBLIC_URL = "public_url"  # the campaign_settings row of the store's public URL (JSON text)
+LIQUID_TAG_RE = re.compile(r"\{\{\s*preference_center\.\$\{([^{}]+)\}\s*\}\}")
 STATES = ("active", "draft")
 TEXT_FIELDS = ("name", "preference_center_title", "preference_center_page_html", "confirmation_page_html")
 BODY_FIELDS = (*TEXT_FIELDS, "state", "options")
@@ -79,6 +87,15 @@ ERR_FORM_GROUP_VALUE = "invalid value for form field '{field}': expected subscri
 ERR_FORM_GLOBAL_VALUE = "invalid value for form field '{field}': expected subscribed, unsubscribed or opted_in"
 ERR_FORM_TAG = "form_field_name expects ':subscription_group <subscription_group_api_id>' or ':email_global_state'"
 ERR_TRACK = "the submit could not be applied: {errors}"  # 400
+ERR_NOT_PUBLISHED = "preference center {center_id} is a draft: its page is not published"  # 404
+ERR_LINK_USER = ("give exactly one of the query parameters external_id, service_id, or alias_name "
+                 "with alias_label")
+ERR_LINK_EXPIRES = "invalid expires_in: expected a whole number of seconds from 1 to 315360000 (10 years)"
+ERR_BASE_URL = ("invalid {field}: expected an absolute http or https URL such as https://prefs.example.com "
+                "(no query or fragment)")
+ERR_NO_BASE_URL = ("no base URL for the link: pass base_url, or record the store's public URL "
+                   "(engagelake serve --public-url URL, or ws.preference_centers.set_public_url(URL))")
+ERR_CENTER_NAME = "no preference center with id or name '{center}'"
 
 
 class PreferenceCenterError(RequestError):
@@ -160,6 +177,25 @@ def read_token(seed: str, token: Any, center_id: str, now: datetime) -> tuple[st
 def submit_url(ctx: Context, center_id: str, service_id: str) -> str:
     token = sign_token(ctx.seed, center_id, service_id, ctx.clock + TOKEN_LIFETIME)
     return f"{BASE}/{center_id}/submit?" + urlencode({"token": token})
+
+
+def recipient_path(center_id: str, token: str) -> str:
+    """The path of a recipient's page: a GET shows it, a form POST to it submits."""
+    return f"{RECIPIENT_BASE}/{center_id}?" + urlencode({"token": token})
+
+
+def check_base_url(url: Any, field: str) -> str:
+    """An absolute http(s) URL without query or fragment, without its trailing slash."""
+    parts = urlsplit(url) if isinstance(url, str) else None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.netloc or parts.query or parts.fragment:
+        raise _Refused(400, ERR_BASE_URL.format(field=field))
+    return url.rstrip("/")
+
+
+def public_url(ctx: Context) -> str | None:
+    """The store's public URL (`set_public_url`), or None."""
+    rows = ctx.state["campaign_settings"].filter(pl.col("setting") == PUBLIC_URL)
+    return orjson.loads(rows["value"][0]) if rows.height else None
 
 
 # --- validation -------------------------------------------------------------------------------
@@ -315,11 +351,42 @@ def group_states(ctx: Context, service_id: str) -> dict[str, str]:
     return dict(rows.select("group_id", "state").rows())
 
 
-def render_for(ctx: Context, center: dict[str, Any], source: str, profile: dict[str, Any]) -> str:
+def render_for(ctx: Context, center: dict[str, Any], source: str, profile: dict[str, Any],
+               url: str | None = None) -> str:
+    """A page of `center` for a user; its form posts to `url` (default: a fresh API submit URL)."""
     service_id = profile["service_id"]
-    url = submit_url(ctx, center["center_id"], service_id)
+    url = url if url is not None else submit_url(ctx, center["center_id"], service_id)
     p = pages()
     return p.render_html(center, source, p.user_variables(profile, group_states(ctx, service_id), url))
+
+
+# --- the default page -------------------------------------------------------------------------
+def template_folder() -> Path:
+    """The default page's files: the project's `data/preference_center/` (a checkout), or the
+    copy a built wheel carries inside the package."""
+    here = Path(__file__).resolve()
+    for folder in (here.parents[3] / "data" / "preference_center", here.parents[1] / "data" / "preference_center"):
+        if (folder / "page.html").is_file():
+            return folder
+    raise FileNotFoundError("the default preference center page (data/preference_center/) is missing")
+
+
+def default_pages(groups: dict[str, str], heading: str) -> tuple[str, str]:
+    """The default page and confirmation page for `groups` (group ID -> label). Each group's
+    checkbox follows a hidden `unsubscribed` input of the same name: a browser sends nothing
+    for an unchecked box, so the form's last value of the field is the state."""
+    folder = template_folder()
+    page, row, confirmation = ((folder / name).read_text(encoding="utf-8") for name in
+                               ("page.html", "group.html", "confirmation.html"))
+    for group_id in groups:
+        if not group_id or any(c in group_id for c in "\"'\\{}%<>&") or any(c.isspace() for c in group_id):
+            raise PreferenceCenterError(400, {"message": f"invalid group id {group_id!r}: no quotes, "
+                                                         "backslashes, braces, %, <, >, & or whitespace"})
+    rows = "".join(row.replace("GROUP_ID", group_id).replace("GROUP_LABEL", html_escape(label))
+                   for group_id, label in groups.items())
+    heading_html = html_escape(heading)
+    return (page.replace("<!-- GROUPS -->", rows).replace("PAGE_HEADING", heading_html),
+            confirmation.replace("PAGE_HEADING", heading_html))
 
 
 # --- handlers ---------------------------------------------------------------------------------
@@ -426,6 +493,98 @@ def submit_form(ctx: Context, req: Request) -> Response:
     return Response(200, render_for(ctx, center, center["confirmation_html"], profile))
 
 
+def recipient_of(ctx: Context, req: Request) -> tuple[dict[str, Any], dict[str, Any], str, datetime]:
+    """The center, the user's current profile, the token and its expiry of a recipient's page
+    request: 404 unknown center, 403 bad or expired token, 404 draft center or deleted user."""
+    center = find_center(ctx, req.params["preferenceCenterExternalID"])
+    token = req.query.get("token")
+    token_sid, expires = read_token(ctx.seed, token, center["center_id"], ctx.clock)
+    assert isinstance(token, str)  # read_token refused anything else
+    if center["state"] != "active":
+        raise _Refused(404, ERR_NOT_PUBLISHED.format(center_id=center["center_id"]))
+    profile = surviving_profile(ctx, token_sid)
+    if profile is None:
+        raise _Refused(404, ERR_TOKEN_USER_GONE)
+    return center, profile, token, expires
+
+
+@answering
+def recipient_page(ctx: Context, req: Request) -> Response:
+    center, profile, token, _ = recipient_of(ctx, req)
+    return Response(200, render_for(ctx, center, center["page_html"], profile,
+                                    recipient_path(center["center_id"], token)))
+
+
+@answering
+def recipient_submit(ctx: Context, req: Request) -> Response:
+    """A recipient's form, as the server hands it over (a browser's form, repeated fields
+    folded, the last value of each kept) or as a JSON object; the link stays usable."""
+    center, profile, token, expires = recipient_of(ctx, req)
+    global_state, groups = check_form(req.body if req.body is not None else {},
+                                      pages().declared_fields(center["page_html"]))
+    if global_state is not None or groups:
+        apply_form(ctx, profile, global_state, groups)
+        log_submit(ctx, center["center_id"], profile["service_id"], req.body, expires)
+        profile = find_profile(ctx, profile["service_id"]) or profile
+    return Response(200, render_for(ctx, center, center["confirmation_html"], profile,
+                                    recipient_path(center["center_id"], token)))
+
+
+def link_user(ctx: Context, query: dict[str, Any]) -> dict[str, Any]:
+    """The profile a link is made for: by external_id, user alias or service_id (404 if none)."""
+    alias = [k for k in ("alias_name", "alias_label") if k in query]
+    given = [k for k in ("external_id", "service_id") if k in query] + (["alias"] if alias else [])
+    if len(given) != 1 or (alias and len(alias) != 2) or not all(
+            isinstance(query[k], str) for k in ("external_id", "service_id", "alias_name", "alias_label") if k in query):
+        raise _Refused(400, ERR_LINK_USER)
+    if given == ["alias"]:
+        rows = ctx.state.rows_where("aliases", "alias_name", [query["alias_name"]]).filter(
+            pl.col("alias_label") == query["alias_label"])
+        profile = find_profile(ctx, rows["service_id"][0]) if rows.height else None
+        if profile is None:
+            raise _Refused(404, ERR_USER_NOT_FOUND.format(
+                kind="alias", value=f"{query['alias_label']}:{query['alias_name']}"))
+        return profile
+    return user_of_query(ctx, {given[0]: query[given[0]]})
+
+
+@answering
+def make_link(ctx: Context, req: Request) -> Response:
+    """`GET .../{id}/link?external_id=...[&expires_in=seconds][&base_url=...]`: the absolute
+    URL of a user's page, signed; base: `base_url`, else the store's public URL."""
+    center = find_center(ctx, req.params["preferenceCenterExternalID"])
+    profile = link_user(ctx, req.query)
+    lifetime = req.query.get("expires_in", int(LINK_LIFETIME.total_seconds()))
+    if isinstance(lifetime, str) and lifetime.isdigit():
+        lifetime = int(lifetime)
+    if not isinstance(lifetime, int) or isinstance(lifetime, bool) or not 1 <= lifetime <= 315_360_000:
+        raise _Refused(400, ERR_LINK_EXPIRES)
+    if "base_url" in req.query:
+        base = check_base_url(req.query["base_url"], "base_url")
+    elif (stored := public_url(ctx)) is not None:
+        base = stored
+    else:
+        raise _Refused(400, ERR_NO_BASE_URL)
+    expires = ctx.clock + timedelta(seconds=lifetime)
+    token = sign_token(ctx.seed, center["center_id"], profile["service_id"], expires)
+    return Response(200, {"url": base + recipient_path(center["center_id"], token),
+                          "expires_at": format_time(expires), "message": "success"})
+
+
+@answering
+def set_public_url(ctx: Context, req: Request) -> Response:
+    """`PUT .../public_url` `{"public_url": URL}`: the base of the links (`make_link`)."""
+    body = req.body
+    if not isinstance(body, dict) or set(body) != {PUBLIC_URL}:
+        raise _Refused(400, ERR_BASE_URL.format(field=PUBLIC_URL))
+    url = check_base_url(body[PUBLIC_URL], PUBLIC_URL)
+    changes = Changes()
+    changes.upsert("campaign_settings", pl.DataFrame({
+        "setting": [PUBLIC_URL], "value": [orjson.dumps(url).decode()], "updated_at": [ctx.clock]}))
+    ctx.write(changes)
+    return Response(200, {PUBLIC_URL: url, "message": "success"})
+
+
 def apply_form(ctx: Context, profile: dict[str, Any], global_state: str | None,
                groups: list[dict[str, str]]) -> None:
     """The new states through `/users/track`: by external_id when the user has one, so the
@@ -456,10 +615,15 @@ def log_submit(ctx: Context, center_id: str, service_id: str, fields: dict[str, 
 ROUTES: dict[str, dict[str, Handler]] = {
     BASE: {"POST": create_center},
     f"{BASE}/list": {"GET": list_centers},
+    f"{BASE}/public_url": {"PUT": set_public_url},
     f"{BASE}/{{preferenceCenterExternalID}}": {"GET": get_center, "PUT": update_center},
     f"{BASE}/{{preferenceCenterExternalID}}/page": {"GET": render_page},
     f"{BASE}/{{preferenceCenterExternalID}}/submit": {"POST": submit_form},
+    f"{BASE}/{{preferenceCenterExternalID}}/link": {"GET": make_link},
+    f"{RECIPIENT_BASE}/{{preferenceCenterExternalID}}": {"GET": recipient_page, "POST": recipient_submit},
 }
+# the routes a recipient's browser opens: the server answers them as HTML, errors included
+PAGE_ROUTES = frozenset({f"{RECIPIENT_BASE}/{{preferenceCenterExternalID}}"})
 
 
 class PreferenceCenters:
@@ -510,3 +674,43 @@ class PreferenceCenters:
         """POST a form to a rendered page's submit URL; the confirmation page."""
         page: str = self._call("POST", url, fields)
         return page
+
+    def center_id(self, center: str) -> str:
+        """The ID of a center given by ID or by name."""
+        for listed in self.list_all():
+            if center in (listed["preference_center_api_id"], listed["name"]):
+                return str(listed["preference_center_api_id"])
+        raise PreferenceCenterError(404, {"message": ERR_CENTER_NAME.format(center=center)})
+
+    def link(self, center: str, user: str | dict[str, str], *, expires_in: timedelta = LINK_LIFETIME,
+             base_url: str | None = None) -> str:
+        """The absolute URL of `user`'s page of `center` (an ID or a name): a signed link, the
+        recipient's only credential, usable until `expires_in` from now. `user` is an external
+        ID or a user alias (`{"alias_name", "alias_label"}`). The base is `base_url`, else the
+        store's public URL (`set_public_url`, `engagelake serve --public-url`)."""
+        query: dict[str, Any] = dict(user) if isinstance(user, dict) else {"external_id": user}
+        query["expires_in"] = int(expires_in.total_seconds())
+        if base_url is not None:
+            query["base_url"] = base_url
+        result = self._call("GET", f"{BASE}/{self.center_id(center)}/link", query=query)
+        return str(result["url"])
+
+    def set_public_url(self, url: str) -> str:
+        """Record the store's public URL, the base of links made without `base_url`."""
+        return str(self._call("PUT", f"{BASE}/public_url", {PUBLIC_URL: url})[PUBLIC_URL])
+
+    def render_tags(self, text: str, user: str | dict[str, str], *, expires_in: timedelta = LINK_LIFETIME,
+                    base_url: str | None = None) -> str:
+        """`text` (a message) with each center's `liquid_tag`, `{{preference_center.${name}}}`,
+        replaced by `user`'s link to that center (`link`)."""
+        return LIQUID_TAG_RE.sub(lambda m: self.link(m.group(1), user, expires_in=expires_in, base_url=base_url), text)
+
+    def create_default(self, name: str, groups: dict[str, str], *, title: str = "Email preferences",
+                       heading: str | None = None, state: str = "active",
+                       options: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Create a center from the default page (`data/preference_center/`): one checkbox per
+        subscription group (`groups`: group ID -> label, in page order) and a global
+        unsubscribe; responsive, no JavaScript."""
+        page, confirmation = default_pages(groups, heading or title)
+        return self.create(name, title, page, confirmation, state=state,
+                           options={"meta-viewport-content": "width=device-width, initial-scale=1", **(options or {})})
