@@ -372,12 +372,14 @@ def template_folder() -> Path:
 
 
 def default_pages(groups: dict[str, str], heading: str) -> tuple[str, str]:
-    """The default page and confirmation page for `groups` (group ID -> label). Each group's
+    """The default page and confirmation page for `groups` (group ID -> label), which share
+    `head.html` (the document's start and the common styles). Each group's
     checkbox follows a hidden `unsubscribed` input of the same name: a browser sends nothing
     for an unchecked box, so the form's last value of the field is the state."""
     folder = template_folder()
-    page, row, confirmation = ((folder / name).read_text(encoding="utf-8") for name in
-                               ("page.html", "group.html", "confirmation.html"))
+    head, page, row, confirmation = ((folder / name).read_text(encoding="utf-8") for name in
+                                     ("head.html", "page.html", "group.html", "confirmation.html"))
+    page, confirmation = (text.replace("<!-- HEAD -->\n", head) for text in (page, confirmation))
     for group_id in groups:
         if not group_id or any(c in group_id for c in "\"'\\{}%<>&") or any(c.isspace() for c in group_id):
             raise PreferenceCenterError(400, {"message": f"invalid group id {group_id!r}: no quotes, "
