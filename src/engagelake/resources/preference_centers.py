@@ -184,6 +184,12 @@ def recipient_path(center_id: str, token: str) -> str:
     return f"{RECIPIENT_BASE}/{center_id}?" + urlencode({"token": token})
 
 
+def recipient_action(center_id: str, token: str) -> str:
+    """The page's own address relative to it (`<center_id>?token=...`): its form and links
+    work wherever the server is mounted (a proxy may add a path prefix)."""
+    return f"{center_id}?" + urlencode({"token": token})
+
+
 def check_base_url(url: Any, field: str) -> str:
     """An absolute http(s) URL without query or fragment, without its trailing slash."""
     parts = urlsplit(url) if isinstance(url, str) else None
@@ -514,7 +520,7 @@ def recipient_of(ctx: Context, req: Request) -> tuple[dict[str, Any], dict[str, 
 def recipient_page(ctx: Context, req: Request) -> Response:
     center, profile, token, _ = recipient_of(ctx, req)
     return Response(200, render_for(ctx, center, center["page_html"], profile,
-                                    recipient_path(center["center_id"], token)))
+                                    recipient_action(center["center_id"], token)))
 
 
 @answering
@@ -529,7 +535,7 @@ def recipient_submit(ctx: Context, req: Request) -> Response:
         log_submit(ctx, center["center_id"], profile["service_id"], req.body, expires)
         profile = find_profile(ctx, profile["service_id"]) or profile
     return Response(200, render_for(ctx, center, center["confirmation_html"], profile,
-                                    recipient_path(center["center_id"], token)))
+                                    recipient_action(center["center_id"], token)))
 
 
 def link_user(ctx: Context, query: dict[str, Any]) -> dict[str, Any]:
@@ -624,8 +630,6 @@ ROUTES: dict[str, dict[str, Handler]] = {
     f"{BASE}/{{preferenceCenterExternalID}}/link": {"GET": make_link},
     f"{RECIPIENT_BASE}/{{preferenceCenterExternalID}}": {"GET": recipient_page, "POST": recipient_submit},
 }
-# the routes a recipient's browser opens: the server answers them as HTML, errors included
-PAGE_ROUTES = frozenset({f"{RECIPIENT_BASE}/{{preferenceCenterExternalID}}"})
 
 
 class PreferenceCenters:
@@ -704,7 +708,8 @@ class PreferenceCenters:
     def render_tags(self, text: str, user: str | dict[str, str], *, expires_in: timedelta = LINK_LIFETIME,
                     base_url: str | None = None) -> str:
         """`text` (a message) with each center's `liquid_tag`, `{{preference_center.${name}}}`,
-        replaced by `user`'s link to that center (`link`)."""
+        replaced by `user`'s link to that center (`link`); an unknown center raises
+        `PreferenceCenterError` (404)."""
         return LIQUID_TAG_RE.sub(lambda m: self.link(m.group(1), user, expires_in=expires_in, base_url=base_url), text)
 
     def create_default(self, name: str, groups: dict[str, str], *, title: str = "Email preferences",
