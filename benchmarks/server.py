@@ -171,6 +171,7 @@ def main() -> None:
     ap.add_argument("--client", choices=["raw", "httpx"], default="raw",
                     help="the load generator: raw keep-alive HTTP/1.1 on asyncio streams (light), or httpx")
     ap.add_argument("--store", type=Path, default=None, help="a fresh store folder (default: a temporary one)")
+    ap.add_argument("--no-access-log", action="store_true", help="serve with --no-access-log")
     args = ap.parse_args()
     temporary = None if args.store else Path(tempfile.mkdtemp(prefix="engagelake-server-"))
     store = args.store or temporary / "store"
@@ -181,7 +182,8 @@ def main() -> None:
     key = created.stdout.strip().splitlines()[-1]
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen([*cli, "serve", "--store", str(store), "--port", str(port), "--rate-limits", "off"],
+    quiet = ["--no-access-log"] if args.no_access_log else []
+    server = subprocess.Popen([*cli, "serve", "--store", str(store), "--port", str(port), "--rate-limits", "off", *quiet],
                               stdout=subprocess.DEVNULL, stderr=(store.parent / "server.log").open("wb"))
     try:
         with httpx.Client(base_url=base, timeout=120) as client:

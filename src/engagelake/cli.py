@@ -614,6 +614,10 @@ def serve(
         str | None, typer.Option(help="The URL recipients reach this server at (behind a proxy: the proxy's), "
                                       "recorded in the store as the base of preference center links.")
     ] = None,
+    access_log: Annotated[
+        bool, typer.Option(help="Log one line per request (off: a busy server's event loop does less; the "
+                                "proxy in front usually logs them).")
+    ] = True,
 ) -> None:
     """Serve the API over HTTP: every endpoint, with keys, SCIM tokens, rate limits.
 
@@ -646,7 +650,7 @@ def serve(
             workspace.preference_centers.set_public_url(public_url)
         app_ = create_app(workspace, rate_limits=limits if rate_limits == "on" else None,
                           max_body_bytes=max_body_bytes, max_queued=max_queued)
-        uvicorn.run(app_, host=host, port=port, log_level="info")
+        uvicorn.run(app_, host=host, port=port, log_level="info", access_log=access_log)
 
 
 @keys_app.command("create")
