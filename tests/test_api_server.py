@@ -367,6 +367,14 @@ def test_openapi_lists_every_endpoint_with_its_permission(keyed: tuple[httpx.Cli
     assert "users.track" in track["description"] and "201" in track["responses"]
     assert track["requestBody"]["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/TrackRequest"}
     assert {"AttributesObject", "EventObject", "PurchaseObject", "MergeRequest"} <= set(spec["components"]["schemas"])
+    # the pages answer HTML; a recipient's page takes its token in the query
+    page = spec["paths"]["/preferences/{preferenceCenterExternalID}"]
+    for method in ("get", "post"):
+        assert list(page[method]["responses"]["200"]["content"]) == ["text/html"]
+        assert {"name": "token", "in": "query", "required": True, "schema": {"type": "string"}} in page[method]["parameters"]
+    staff = spec["paths"]["/preference_center/v1/{preferenceCenterExternalID}/page"]["get"]
+    assert list(staff["responses"]["200"]["content"]) == ["text/html"]
+    assert list(track["responses"]["201"]["content"]) == ["application/json"]
     assert client.get("/healthz").json() == {"status": "ok"}
     assert client.get("/docs").status_code == 200
 

@@ -42,6 +42,11 @@ CREDENTIALS_TTL_S = 1.0  # a key created or revoked by another process counts wi
 BEARER = re.compile(r"^\s*Bearer\s+(\S+)\s*$", re.IGNORECASE)
 RESPONSE_MODELS: dict[tuple[str, str], Any] = {
     ("POST", "/users/track"): TrackResponse, ("POST", "/users/export/ids"): ExportResponse}
+# the routes that answer a page (text/html): a preference center's, for staff and recipients
+HTML_ROUTES = frozenset({
+    ("GET", "/preference_center/v1/{preferenceCenterExternalID}/page"),
+    ("POST", "/preference_center/v1/{preferenceCenterExternalID}/submit"),
+    ("GET", "/preferences/{preferenceCenterExternalID}"), ("POST", "/preferences/{preferenceCenterExternalID}")})
 SUCCESS_STATUS: dict[tuple[str, str], int] = {  # for the document (docs/semantics.md: success statuses)
     ("POST", "/users/track"): 201, ("POST", "/users/merge"): 202, ("POST", "/catalogs"): 201,
     ("PUT", "/catalogs/{catalog_name}/items"): 202, ("DELETE", "/catalogs/{catalog_name}/items"): 202,
@@ -243,12 +248,18 @@ def create_app(workspace: Workspace, *, rate_limits: dict[str, Limit] | None = D
                          permission, f"an API key with the permission `{permission}`")
             parameters = [{"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
                           for name in re.findall(r"\{(\w+)\}", pattern)]
+            description = f"Needs {needs}."
+            if pages.is_page(pattern):
+                parameters.append({"name": "token", "in": "query", "required": True, "schema": {"type": "string"}})
+                description += (" A recipient's page: every answer is HTML, errors included; the POST takes the"
+                                " page's form (application/x-www-form-urlencoded) or a JSON object.")
+            html: dict[str, Any] = {"response_class": HTMLResponse} if (method, pattern) in HTML_ROUTES else {}
             app.add_api_route(pattern, dispatch, methods=[method], summary=f"{method} {pattern}",
-                              description=f"Needs {needs}.", name=f"{method} {pattern}",
+                              description=description, name=f"{method} {pattern}",
                               operation_id=method.lower() + re.sub(r"\W+", "_", pattern).rstrip("_"),
                               status_code=SUCCESS_STATUS.get((method, pattern), 200),
                               response_model=RESPONSE_MODELS.get((method, pattern)),
-                              openapi_extra={"parameters": parameters} if parameters else None)
+                              openapi_extra={"parameters": parameters} if parameters else None, **html)
     # anything else: the dispatch's 404 or 405, as JSON
     app.add_api_route("/{rest:path}", dispatch, include_in_schema=False,
                       methods=["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS", "TRACE", "CONNECT"])
