@@ -215,7 +215,11 @@ def test_expired_forged_draft_deleted_and_unknown_get_readable_pages(tmp_path) -
         posted = client.post(f"/preferences/{center}?token=x.y", content="email_global_state=unsubscribed",
                              headers=FORM)
         assert posted.status_code == 403 and error_title(posted) == not_valid
-        unknown = client.get(f"/preferences/nope?token={token}")
+        # the token names its center: another center's path is a bad link (checked first)
+        elsewhere = client.get(f"/preferences/nope?token={token}")
+        assert elsewhere.status_code == 403 and P.ERR_TOKEN_CENTER in elsewhere.text
+        signed = P.sign_token("t", "nope", token_sid(ws, "u1"), NOW + timedelta(days=1))
+        unknown = client.get(f"/preferences/nope?token={signed}")
         assert unknown.status_code == 404 and error_title(unknown) == unavailable
         # a field the page does not have: 400, a page, nothing changed
         odd = client.post(link, content="subscription_group:vip=subscribed", headers=FORM)
@@ -236,6 +240,27 @@ def test_expired_forged_draft_deleted_and_unknown_get_readable_pages(tmp_path) -
         gone = client.get(link)
         assert gone.status_code == 404 and error_title(gone) == unavailable
     assert ws.table("preference_center_submits").collect().height == 0
+
+
+def test_a_bad_link_is_refused_before_it_is_queued(tmp_path) -> None:
+    """The server checks a link's token itself (the signing key is the store's): a forged or
+    expired link costs no batch, and gets the answer the route would give."""
+    ws = open_ws(tmp_path)
+    center = seeded(ws)
+    link = path_of(ws.preference_centers.link("main", "u1", base_url=BASE_URL, expires_in=timedelta(seconds=1)))
+    forged = link[:-4] + "AAAA"
+    with served(ws) as client:
+        before = client.writer.batches  # type: ignore[attr-defined]
+        answers = [client.get(forged), client.post(forged, content="email_global_state=unsubscribed", headers=FORM),
+                   client.get(f"/preferences/{center}")]
+        assert [a.status_code for a in answers] == [403, 403, 403]
+        assert client.writer.batches == before  # type: ignore[attr-defined]
+        assert all(error_title(a) == http_pages.ADVICE[403][0] for a in answers)
+        assert client.get(link).status_code == 200 and client.writer.batches == before + 1  # type: ignore[attr-defined]
+    for path in (forged, f"/preferences/{center}"):  # the route itself answers the same
+        query = parse_qs(urlsplit(path).query)
+        r = ws.call("GET", urlsplit(path).path, query={k: v[0] for k, v in query.items()})
+        assert r.status == 403
 
 
 def test_a_body_over_the_limit_gets_a_page(tmp_path) -> None:

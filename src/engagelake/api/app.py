@@ -30,6 +30,7 @@ from engagelake.permissions import ENDPOINT_PERMISSIONS, SCIM, SIGNED_LINK
 from engagelake.requests.bodies import REQUEST_BODIES
 from engagelake.requests.models import ExportResponse, TrackResponse
 from engagelake.resources.credentials import KeyRing
+from engagelake.resources.preference_centers import RECIPIENT_BASE, refuse_link
 from engagelake.resources.scim import ERROR_SCHEMA
 from engagelake.routing import Response
 from engagelake.workspace import ROUTE_TABLE, Workspace, route_of
@@ -162,6 +163,12 @@ def create_app(workspace: Workspace, *, rate_limits: dict[str, Limit] | None = D
         None. Reads no body: a caller with no right to the endpoint cannot make the server
         read megabytes."""
         if permission == SIGNED_LINK:
+            if pages.is_page(request.url.path):  # a bad link is refused here, never queued
+                center_id = request.url.path.removeprefix(RECIPIENT_BASE + "/")
+                refused = refuse_link(workspace.store.head.seed, center_id, request.query_params.get("token"),
+                                     workspace.clock())
+                if refused is not None:
+                    return pages.error(*refused)
             return None
         if (ring := credentials.fresh()) is None:  # older than its TTL: read again, off the event loop
             ring = await asyncio.to_thread(credentials.ring)

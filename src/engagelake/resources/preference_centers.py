@@ -179,6 +179,17 @@ def submit_url(ctx: Context, center_id: str, service_id: str) -> str:
     return f"{BASE}/{center_id}/submit?" + urlencode({"token": token})
 
 
+def refuse_link(seed: str, center_id: str, token: Any, now: datetime) -> tuple[int, str] | None:
+    """The refusal (403, message) of a recipient's link whose token is missing, forged, for
+    another center or expired, or None: what the page routes check first, so that the server
+    can answer a bad link without queueing it (only the signing key is needed)."""
+    try:
+        read_token(seed, token, center_id, now)
+    except _Refused as refused:
+        return refused.response.status, refused.response.body["message"]
+    return None
+
+
 def recipient_path(center_id: str, token: str) -> str:
     """The path of a recipient's page: a GET shows it, a form POST to it submits."""
     return f"{RECIPIENT_BASE}/{center_id}?" + urlencode({"token": token})
@@ -503,11 +514,12 @@ def submit_form(ctx: Context, req: Request) -> Response:
 
 def recipient_of(ctx: Context, req: Request) -> tuple[dict[str, Any], dict[str, Any], str, datetime]:
     """The center, the user's current profile, the token and its expiry of a recipient's page
-    request: 404 unknown center, 403 bad or expired token, 404 draft center or deleted user."""
-    center = find_center(ctx, req.params["preferenceCenterExternalID"])
+    request: 403 bad or expired token (checked first, as the server checks it before it
+    queues the request: `refuse_link`), 404 unknown center, draft center or deleted user."""
     token = req.query.get("token")
-    token_sid, expires = read_token(ctx.seed, token, center["center_id"], ctx.clock)
+    token_sid, expires = read_token(ctx.seed, token, req.params["preferenceCenterExternalID"], ctx.clock)
     assert isinstance(token, str)  # read_token refused anything else
+    center = find_center(ctx, req.params["preferenceCenterExternalID"])
     if center["state"] != "active":
         raise _Refused(404, ERR_NOT_PUBLISHED.format(center_id=center["center_id"]))
     profile = surviving_profile(ctx, token_sid)
