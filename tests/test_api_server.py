@@ -591,6 +591,33 @@ def test_a_batch_waits_for_the_clients_the_last_batch_answered(tmp_path: Path) -
     assert shared.body["users"] == [{"custom_attributes": {"last": 7}}]
 
 
+def test_the_writer_reports_its_batches(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Every `stats_every` seconds the writer logs (INFO) the batches since its last report:
+    how many, how many requests, how long they took, how many waited, what is queued."""
+    import logging
+
+    from engagelake.api.writer import GroupCommitWriter
+
+    ws = open_ws(tmp_path)
+    writer = GroupCommitWriter(ws, stats_every=3600.0, linger_max=0.0)  # no wait: the count is 0
+    first = [writer.submit(_track(f"u{i}")) for i in range(5)]
+    caplog.set_level(logging.INFO, logger="engagelake.api")
+    writer.start()
+    try:
+        assert [f.result(60).status for f in first] == [201] * 5
+        assert not [r for r in caplog.records if r.name == "engagelake.api"]  # not due yet
+        writer.stats_every = 0.0
+        assert writer.submit(_track("u9")).result(60).status == 201
+        writer.stats_every = 3600.0
+        assert writer.submit(_track("u10")).result(60).status == 201
+    finally:
+        writer.stop()
+    report, last = [r.getMessage() for r in caplog.records if r.name == "engagelake.api"]
+    assert report.startswith("group commit, last 0 s: requests 6, batches 2 (3.0 requests a batch, at most 5); ")
+    assert report.endswith("; batches that waited for requests on their way 0; queued now 0")
+    assert last.startswith("group commit, last 0 s: requests 1, batches 1 (1.0 requests a batch, at most 1); ")
+
+
 def test_two_groups_of_clients_taking_turns_become_one_batch(tmp_path: Path) -> None:
     """A batch of 8 ends with 4 more queued: 12 clients are busy. The next batch takes the 4
     and waits for the 8 just answered, instead of the groups taking turns for ever."""

@@ -645,6 +645,7 @@ def serve(
         from engagelake import Workspace
         from engagelake.api import create_app
 
+        _log_to_stderr("engagelake")  # the writer's reports (INFO), beside uvicorn's own lines
         workspace = Workspace.open(store)
         if public_url is not None:
             workspace.preference_centers.set_public_url(public_url)
@@ -970,6 +971,19 @@ def _print_sample(workspace: Workspace) -> None:
 
 
 # --- helpers -------------------------------------------------------------------------------------
+def _log_to_stderr(name: str) -> None:
+    """INFO and above of logger `name` on stderr, in uvicorn's style (uvicorn configures only its
+    own loggers, so these would otherwise be dropped)."""
+    import logging
+
+    logger = logging.getLogger(name)
+    if not logger.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(levelname)s:     %(name)s: %(message)s"))
+        logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+
+
 @contextmanager
 def _input_errors() -> Iterator[None]:
     """Turn engagelake's own errors and file errors into a red one-line message and exit 1."""

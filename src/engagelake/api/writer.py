@@ -39,6 +39,9 @@ LINGER_MAX_S = 0.1
 # A wait that gained no request (clients whose next request takes longer than the gap: far
 # away, or slow to send) is not tried again for this many batches: it would only add its gap.
 LINGER_PAUSE = 8
+# how often the writer logs what it did (INFO, logger `engagelake.api`): operators see whether
+# requests are grouped, how long a batch takes and what waits
+STATS_EVERY_S = 60.0
 _STOP = object()
 
 
@@ -50,8 +53,13 @@ class GroupCommitWriter:
     """The server's single writer over `workspace`."""
 
     def __init__(self, workspace: Workspace, *, max_batch: int = MAX_BATCH, max_queued: int = MAX_QUEUED,
-                 linger_gap: float = LINGER_GAP_S, linger_max: float = LINGER_MAX_S):
+                 linger_gap: float = LINGER_GAP_S, linger_max: float = LINGER_MAX_S,
+                 stats_every: float = STATS_EVERY_S):
         self.workspace = workspace
+        self.stats_every = stats_every
+        self._window: list[tuple[int, float]] = []  # (requests, seconds) of each batch since the last report
+        self._window_start = time.monotonic()
+        self._window_waits = 0
         self.max_batch = max_batch
         self.max_queued = max_queued
         self.linger_gap, self.linger_max = linger_gap, linger_max  # 0: never wait
@@ -110,6 +118,7 @@ class GroupCommitWriter:
                     self._no_waits -= 1
                 else:
                     self.lingered += 1
+                    self._window_waits += 1
                     drawn = len(batch)
                     stopping = self._draw(batch, time.monotonic() + self.linger_max, until=self._last)
                     if len(batch) == drawn and not stopping:  # nobody came: clients slower than the gap
@@ -119,9 +128,27 @@ class GroupCommitWriter:
             # a shutdown that timed out) is not applied: nobody could learn that it was
             live = [(request, future) for request, future in batch if future.set_running_or_notify_cancel()]
             if live:
+                started = time.perf_counter()
                 self._apply(live)
+                self._window.append((len(live), time.perf_counter() - started))
+                self._report()
             # the clients busy now: those just answered, who may send again, and those queued
             self._last = len(batch) + self.queued
+        self._report(last=True)
+
+    def _report(self, *, last: bool = False) -> None:
+        """Log the batches since the last report, once `stats_every` seconds have passed (or
+        the writer stops: `last`)."""
+        elapsed = time.monotonic() - self._window_start
+        if (elapsed < self.stats_every and not last) or not self._window:
+            return
+        sizes = [n for n, _ in self._window]
+        times = sorted(seconds * 1e3 for _, seconds in self._window)
+        log.info("group commit, last %.0f s: requests %d, batches %d (%.1f requests a batch, at most %d); "
+                 "batch time median %.0f ms, max %.0f ms; batches that waited for requests on their way %d; "
+                 "queued now %d", elapsed, sum(sizes), len(sizes), sum(sizes) / len(sizes), max(sizes),
+                 times[len(times) // 2], times[-1], self._window_waits, self.queued)
+        self._window, self._window_start, self._window_waits = [], time.monotonic(), 0
 
     def _draw(self, batch: list[Any], deadline: float | None, until: int | None = None) -> bool:
         """Add queued requests to `batch`, in order: those waiting now (no `deadline`), or those
