@@ -5,7 +5,7 @@ the safety headers, and the default page."""
 from __future__ import annotations
 
 import re
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from urllib.parse import parse_qs, urlencode, urlsplit
 
 import httpx
@@ -296,3 +296,37 @@ def test_the_default_page_has_a_box_per_group_and_no_script(tmp_path) -> None:
     with pytest.raises(PreferenceCenterError) as bad:
         ws.preference_centers.create_default("other", {'a"b': "x"})
     assert bad.value.status == 400
+
+
+# --- the CLI -----------------------------------------------------------------------------------
+def test_the_cli_creates_a_default_center_and_prints_a_link(tmp_path) -> None:
+    from typer.testing import CliRunner
+
+    from engagelake.cli import app
+
+    runner = CliRunner()
+    ws = open_ws(tmp_path)
+    track_ok(ws, attributes=[{"external_id": "u1", "email": "ann@x.com"}])
+    store = str(ws.store.uri)
+    created = runner.invoke(app, ["preference-centers", "create-default", "--store", store, "--name", "main",
+                                  "--group", "news=Newsletter", "--group", "offers = Special offers"])
+    assert created.exit_code == 0, created.output
+    center = created.stdout.strip().splitlines()[-1]
+    assert "its liquid_tag is {{preference_center.${main}}}" in created.stdout
+    page = ws.call("GET", f"{P.BASE}/{center}/page", query={"external_id": "u1"}).body
+    assert re.findall(r"<span>([^<]+)</span>", page)[:2] == ["Newsletter", "Special offers"]
+    bad = runner.invoke(app, ["preference-centers", "create-default", "--store", store, "--name", "x",
+                              "--group", "news"])
+    assert bad.exit_code == 1 and "--group takes ID=LABEL, not 'news'" in bad.stderr
+    # a link: no base yet says how to set one; with one, the URL alone on the last line
+    missing = runner.invoke(app, ["preference-centers", "link", "--store", store, "--center", "main",
+                                  "--external-id", "u1"])
+    assert missing.exit_code == 1 and "engagelake serve --public-url" in missing.stderr
+    made = runner.invoke(app, ["preference-centers", "link", "--store", store, "--center", "main",
+                               "--external-id", "u1", "--base-url", BASE_URL, "--expires-in-days", "2"])
+    assert made.exit_code == 0, made.output
+    url = made.stdout.strip().splitlines()[-1]
+    assert url.startswith(f"{BASE_URL}/preferences/{center}?token=")
+    now = datetime.now(UTC)  # the CLI's store reads the real clock
+    sid, expires = P.read_token("t", parse_qs(urlsplit(url).query)["token"][0], center, now)
+    assert sid == token_sid(ws, "u1") and abs(expires - (now + timedelta(days=2))) < timedelta(minutes=1)
