@@ -17,6 +17,7 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import polars as pl
 import pyarrow as pa
 import pyarrow.ipc
@@ -112,10 +113,7 @@ class Stages:
         parts = []
         for (n,), rows in places.with_row_index(POS).group_by(STAGE):
             assert isinstance(n, int)
-            if (name, n) not in self._mapped:
-                source = pa.memory_map(str(self.folder / f"{n:05d}-{name}.arrow"))
-                self._mapped[(name, n)] = pa.ipc.open_file(source).read_all()
-            taken = pl.from_arrow(self._mapped[(name, n)].take(rows[ROW].to_arrow()))
+            taken = pl.from_arrow(self._table(name, n).take(rows[ROW].to_arrow()))
             assert isinstance(taken, pl.DataFrame)
             parts.append(taken.with_columns(rows[POS]))
         if not parts:
@@ -145,13 +143,32 @@ class Stages:
         places = places.sort(order, maintain_order=True, nulls_last=True).select(STAGE, ROW)
 
         def batches() -> Iterator[pa.RecordBatch]:
+            # every stage's file as one table (its chunks, not copied): a row is taken by its
+            # place in it, in Arrow, already in the written order (through Polars and back, the
+            # take cost a third more: 0.73-0.80 against 0.47-0.50 s for 625,000 rows)
+            stages = [n for n, _ in self.files[name]]
+            tables = [self._table(name, n) for n in stages]
+            whole = pa.concat_tables(tables, promote_options="permissive")
+            starts = np.zeros(max(stages) + 1, dtype=np.int64)
+            starts[stages] = np.cumsum([0, *(t.num_rows for t in tables[:-1])])
             for chunk in places.iter_slices(STREAM_ROWS):
-                rows = self.gather(name, chunk).with_columns(pl.lit(batch_no, pl.Int64).alias("_batch"))
-                yield from rows.select(schema.names).to_arrow().cast(schema).to_batches()
-            for n, _ in self.files[name]:
+                at = starts[chunk[STAGE].to_numpy()] + chunk[ROW].to_numpy()
+                rows = whole.take(pa.array(at))
+                stamp = pa.array(np.full(rows.num_rows, batch_no, dtype=np.int64))
+                rows = (rows.set_column(rows.column_names.index("_batch"), "_batch", stamp)
+                        if "_batch" in rows.column_names else rows.append_column("_batch", stamp))
+                yield from rows.select(schema.names).cast(schema).to_batches()
+            for n in stages:
                 self._mapped.pop((name, n), None)
 
         return pa.RecordBatchReader.from_batches(schema, batches())
+
+    def _table(self, name: str, n: int) -> pa.Table:
+        """Stage `n`'s file of `name`, memory-mapped (kept until the stage is unmapped)."""
+        if (name, n) not in self._mapped:
+            source = pa.memory_map(str(self.folder / f"{n:05d}-{name}.arrow"))
+            self._mapped[(name, n)] = pa.ipc.open_file(source).read_all()
+        return self._mapped[(name, n)]
 
     def upserted(self, name: str, columns: list[str]) -> pl.DataFrame:
         """`columns` of the rows the commit writes of a streamed keyed table, tombstones left
