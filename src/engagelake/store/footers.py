@@ -67,7 +67,8 @@ class Footer:
 
     def open(self, groups: list[int] | None = None) -> tuple[pq.ParquetFile, list[int]]:
         """The file, with a footer that holds at least `groups` (all: None), and the numbers
-        of those row groups in it."""
+        of those row groups in it: a `ParquetFile`, for callers that want one (the footer
+        tests); reads go through `read`."""
         if groups is None:
             groups = list(range(self.num_row_groups))
         if self.parsed is not None:

@@ -317,7 +317,7 @@ class FooterCache:
             if footer.num_rows > SIEVE_CACHE_ROWS and (footer.num_rows > SIEVE_INDEX_ROWS or key not in self._sieved):
                 self._sieved.add(key)
                 return None
-        index = KeyIndex.of(footer.open()[0].read(columns=[column]).column(column), footer)
+        index = KeyIndex.of(footer.read(list(range(footer.num_row_groups)), [column], column).column(column), footer)
         with self._lock:
             self.indexes_built += 1
             if key in self._fences and key not in self._indexes:  # charged with its file's footer, dropped with it
@@ -607,8 +607,7 @@ def read_range(paths: list[str], column: str, low: str, high: str | None, footer
             continue
         footers.count_groups(len(groups))
         if groups:
-            file, local = fence.footer.open(groups)
-            picked.append(file.read_row_groups(local))
+            picked.append(fence.footer.read(groups, None, column))
     frames = [_scan(whole, schema).filter(inside).collect()] if whole else []
     if picked:
         frames.append(_conformed(picked, schema).filter(inside))
@@ -635,8 +634,7 @@ def _sieve(footer: Footer, column: str, groups: list[int], values: _Keys, footer
     column, or by the file's key index once it has one (`FooterCache.key_index`)."""
     if (index := footers.key_index(footer.path, column, footer)) is not None:
         return index.groups_of_hashed(values.hashed)
-    file, local = footer.open(groups)
-    keys = file.read_row_groups(local, columns=[column]).column(column)
+    keys = footer.read(groups, [column], column).column(column)
     hits = np.flatnonzero(pc.is_in(keys, values.exact).to_numpy(zero_copy_only=False))
     if hits.size == 0:
         return []
