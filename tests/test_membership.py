@@ -23,6 +23,25 @@ def test_a_filter_holds_every_key_it_was_built_from(keys, others) -> None:
     assert membership.may_hold(built, membership.hashes(pl.Series(others, dtype=pl.String))).dtype == np.bool_
 
 
+@settings(max_examples=50, deadline=None)
+@given(keys=st.lists(st.sampled_from(["a", "b", "c", "é", "", "user-1"]) | st.text(max_size=6), max_size=300),
+       cut=st.lists(st.integers(0, 300), max_size=4))
+def test_a_filter_built_from_parts_equals_one_built_from_all_its_keys(keys, cut) -> None:
+    """A file's keys come a slice of row groups at a time, a key in several slices: the bits
+    and the size follow the distinct keys only."""
+    series = pl.Series(keys, dtype=pl.String)
+    bounds = sorted({0, len(keys), *(min(c, len(keys)) for c in cut)})
+    parts = [series.slice(a, b - a) for a, b in zip(bounds[:-1], bounds[1:], strict=False)]
+    whole = membership.build(series)
+    assert np.array_equal(membership.build(iter(parts)), whole)
+    assert np.array_equal(membership.build(iter([series, series])), whole)
+    # the bits, as a byte per bit set at once (the former way) gives them
+    distinct = series.drop_nulls().unique()
+    flags = np.zeros(whole.size * 8, dtype=bool)
+    flags[membership._positions(membership.hashes(distinct), flags.size).ravel()] = True
+    assert np.array_equal(np.packbits(flags, bitorder="little"), whole)
+
+
 def test_few_absent_keys_pass_and_nulls_are_no_keys() -> None:
     keys = pl.Series([f"user-{i:07d}" for i in range(50_000)] + [None])
     built = membership.build(keys)

@@ -270,9 +270,9 @@ class FooterCache:
             footer, metadata = read_footer(path)
             if footer.parsed is not None:  # its entries could not be told apart
                 return False
-            # the key column read with the footer parsed already (not parsed again)
-            keys = pq.ParquetFile(path, metadata=metadata).read(columns=[column]).column(column)
-            save_bloom(bloom_path(root, path), membership.build(pl.Series(keys)))
+            # the key column read a slice of row groups at a time, with the footer parsed already
+            slices = records.row_group_slices(pq.ParquetFile(path, metadata=metadata), [column])
+            save_bloom(bloom_path(root, path), membership.build(pl.Series(rows.column(0)) for rows in slices))
             if _table(path) in records.TABLES:
                 records.write(path, column, index_path(root, path))
             # last: a file whose index exists has its filter and copy (a writer killed before
