@@ -39,6 +39,7 @@ from bench_track import (
     mixed_requests,
     open_ws,
 )
+from engagelake import Workspace
 from engagelake.rules.messages import EXPORT_FIELDS
 
 COLD = """
@@ -71,6 +72,13 @@ def cli_export(store: Path, external_id: str) -> float:
     return time.perf_counter() - t
 
 
+def runs_and_files(ws: Workspace, name: str) -> str:
+    """The sorted runs of a table and their files: a point read pays per file it opens, so P3
+    follows them (a compaction leaves one run; batches add runs until merges fold them)."""
+    runs = ws.store.runs(name, ws.store.head.versions.get(name))
+    return f"{len(runs)} ({sum(len(run.files) for run in runs)})"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--store", type=Path, required=True)
@@ -91,6 +99,9 @@ def main() -> None:
     rows.append(("`engagelake export` of one user, fresh process (median of 3)", f"{clis[1]:.2f} s", "<= 2 s"))
 
     ws = open_ws(args.store)
+    rows.append(("runs (files) a probe may open: profiles, attributes, events, purchases",
+                 ", ".join(runs_and_files(ws, name) for name in ("profiles", "attributes", "events", "purchases")),
+                 "after `compact`: 1 (1) each"))
     times = []
     for i in range(53):
         body = {"external_ids": ext_ids(rng.choice(args.users, 50, replace=False)), "fields_to_export": list(EXPORT_FIELDS)}

@@ -6,7 +6,9 @@ profile fields, about 2 events and 0.5 purchases, applied as `/users/track` batc
 Every chunk of `--chunk` users is one `ws.apply` (one atomic commit). A chunk's requests are
 generated 25,000 users at a time and kept as JSON lines, as a landing file holds them; `apply`
 draws them from a generator that decodes one line at a time, so neither the chunk's dicts nor
-the store stay in memory: the script prints the peak RSS as it goes. The stores `bench_track.py --store` reuses are built
+the store stay in memory: the script prints the peak RSS as it goes. The build ends with a
+compaction (`--no-compact` leaves the runs as the batches and their merges left them), as a
+deployment's daily compaction would after a bulk load. The stores `bench_track.py --store` reuses are built
 with it. Prints figures; asserts nothing.
 """
 
@@ -88,6 +90,8 @@ def main() -> None:
     ap.add_argument("--chunk", type=int, default=250_000, help="users per apply (one commit)")
     ap.add_argument("--out", type=Path, required=True, help="the store folder (must not exist)")
     ap.add_argument("--seed", type=int, default=11)
+    ap.add_argument("--compact", action=argparse.BooleanOptionalAction, default=True,
+                    help="end with `engagelake compact`, as a deployment's daily compaction would (default: on)")
     args = ap.parse_args()
     if args.out.exists():
         raise SystemExit(f"{args.out} exists; give a new folder")
@@ -111,13 +115,21 @@ def main() -> None:
         del lines, responses
         console.print(f"  {stop:,}/{args.users:,} users, apply {time.perf_counter() - t:,.1f} s, "
                       f"engine {engine_s:,.0f} s, RSS {mib(vm_rss())} (peak {mib(max_rss())})")
+    compact_s = 0.0
+    if args.compact:
+        t = time.perf_counter()
+        ws.compact()
+        compact_s = time.perf_counter() - t
+        console.print(f"  compacted in {compact_s:,.0f} s, RSS {mib(vm_rss())} (peak {mib(max_rss())})")
     wall = time.perf_counter() - started
     size = sum(f.stat().st_size for f in args.out.rglob("*") if f.is_file())
     table = Table(title=f"build_store: {args.users:,} users")
-    for col in ("users", "events", "purchases", "engine s", "users/s", "wall s", "peak RSS", "store size", "bad"):
+    for col in ("users", "events", "purchases", "engine s", "users/s", "compact s", "wall s", "peak RSS",
+                "store size", "bad"):
         table.add_column(col, justify="right")
     table.add_row(f"{args.users:,}", f"{events:,}", f"{purchases:,}", f"{engine_s:,.0f}",
-                  f"{args.users / engine_s:,.0f}", f"{wall:,.0f}", mib(max_rss()), mib(size), str(bad))
+                  f"{args.users / engine_s:,.0f}", f"{compact_s:,.0f}" if args.compact else "-", f"{wall:,.0f}",
+                  mib(max_rss()), mib(size), str(bad))
     console.print(table)
 
 

@@ -9,6 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import polars as pl
+import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable, write_deltalake
 from hypothesis import HealthCheck, given, settings
@@ -199,6 +200,41 @@ def test_compaction_leaves_the_tables_nothing_was_written_to_as_they_are(tmp_pat
     assert ws.store.head.versions["catalogs"] > written
     assert ws.table("catalogs").collect()["name"].to_list() == ["shop"]
     assert export_one_by(ws, email_address="a@x.com") == ["a"]
+
+
+def _files_and_writers(ws: Workspace, name: str) -> tuple[int, set[str]]:
+    """How many files the table's current version holds, and the Parquet writers that wrote them."""
+    files = DeltaTable(f"{ws.store.uri}/{name}").file_uris()
+    return len(files), {pq.read_metadata(f).created_by.split(" version")[0] for f in files}
+
+
+@pytest.mark.parametrize("cap", [None, 1])
+def test_compaction_streams_each_table_into_files_of_at_most_the_cap(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cap: int | None) -> None:
+    """Compaction writes a table's current rows through engagelake's own writer, a new file
+    once one holds `MERGED_FILE_BYTES` (at a row group's end): one file a table by default,
+    a file per streamed chunk (here one 1,024-row group) with a 1-byte cap; the rows read back
+    the same either way."""
+    from engagelake.store import appends, delta, merging
+    if cap is not None:
+        monkeypatch.setattr(delta, "MERGED_FILE_BYTES", cap)
+        monkeypatch.setattr(appends, "STREAM_CHUNK_GROUPS", 1)
+        monkeypatch.setattr(merging, "STREAM_ROWS", 1_024)
+    ws = open_ws(tmp_path)
+    users = [{"external_id": f"u{i:05d}", "first_name": f"n{i}", "visits": i} for i in range(2_500)]
+    requests = [{"method": "POST", "path": "/users/track", "body": {"attributes": users[i:i + 75]}}
+                for i in range(0, 2_500, 75)]
+    assert {r.status for r in ws.apply(requests)} == {201}
+    track_ok(ws, attributes=[{"external_id": "u00007", "first_name": "again"}])  # a second run
+    before = state_snapshot(ws)
+    ws.compact()
+    ws = open_ws(tmp_path)
+    for name in ("profiles", "attributes", "external_ids"):
+        files, writers = _files_and_writers(ws, name)
+        rows = ws.table(name).collect().height
+        assert files == (1 if cap is None else -(-rows // 1_024)), (name, files, rows)
+        assert writers == {"parquet-cpp-arrow"}, writers  # pyarrow's, streamed; delta-rs' is parquet-rs
+    assert state_snapshot(ws) == before
 
 
 def test_a_batch_writes_index_entries_only_for_new_values(tmp_path: Path) -> None:
