@@ -56,8 +56,10 @@ KEYS = [*"abcdefghij", "é", "ä", "日", "😀", "ab", "e\u0301"]
     shuffle=st.randoms(use_true_random=False),
     cached=st.booleans(),
     indexed=st.booleans(),
+    split=st.booleans(),
 )
-def test_read_where_equals_a_filter(tmp_path_factory, files, group, wanted, unsorted, shuffle, cached, indexed) -> None:
+def test_read_where_equals_a_filter(tmp_path_factory, files, group, wanted, unsorted, shuffle, cached, indexed,
+                                    split) -> None:
     folder = tmp_path_factory.mktemp("runs")
     paths, frames = [], []
     for i, keys in enumerate(files):
@@ -72,8 +74,9 @@ def test_read_where_equals_a_filter(tmp_path_factory, files, group, wanted, unso
             paths.append(_write(path, keys, group, shuffle))
         frames.append(pl.read_parquet(path))
     values = pl.Series(wanted, dtype=pl.String)
-    limit = runs.SIEVE_CACHE_ROWS
+    limit, parts = runs.SIEVE_CACHE_ROWS, runs.SPLIT_READ_GROUPS
     runs.SIEVE_CACHE_ROWS = limit if cached else 0  # sieve a small run from its kept column, or not
+    runs.SPLIT_READ_GROUPS = 1 if split else parts  # a file's row groups read in parts side by side, or not
     root = str(folder.parent) if indexed else None  # probed through footer indexes a writer wrote
     if root is not None:
         FooterCache(root=root).index(paths, "k")
@@ -83,7 +86,7 @@ def test_read_where_equals_a_filter(tmp_path_factory, files, group, wanted, unso
         again = read_where(paths, "k", values, footers, SCHEMA)  # a file sieved before: by its key index
         projected = read_where(paths, "k", values, footers, SCHEMA, ["v"])  # the probe column not asked for
     finally:
-        runs.SIEVE_CACHE_ROWS = limit
+        runs.SIEVE_CACHE_ROWS, runs.SPLIT_READ_GROUPS = limit, parts
     every = pl.concat(frames) if frames else pl.DataFrame(schema=SCHEMA)
     expected = every.filter(pl.col("k").is_in(values.implode()))
     assert sorted(got.rows()) == sorted(expected.rows())

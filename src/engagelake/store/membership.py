@@ -7,7 +7,7 @@ half of the bottom run's row groups, and the run was read whole. Paimon and Rock
 Bloom filter per sorted run for this. Here each indexed file keeps one beside its footer index
 (`store/footers.py`: `bloom_path`), built from its sort column when the index is written: 10
 bits a distinct key and 3 probes, about 1.7% false positives (one costs a row group read, never
-a wrong row).
+a wrong row); 32 bits a key in a file of at most `SMALL_FILE_KEYS` keys, about 0.07%.
 
 The hash is Polars' (fixed seeds): the same in every process of one Polars version. A filter's
 file name carries that version, so a process of another version finds none and probes without.
@@ -22,6 +22,11 @@ import polars as pl
 
 BITS_PER_KEY = 10
 PROBES = 3
+# A small run (a day's batches above a compacted store) holds few of the keys a probe asks
+# for, so its false positives are most of its reads: 50 keys against 1.7% cost a read of
+# about every other small file an export met. 32 bits a key there: about 0.07%.
+SMALL_FILE_KEYS = 1 << 20
+SMALL_FILE_BITS_PER_KEY = 32
 SET_SLICE = 1 << 20  # hashes whose bits are set at once (their positions: 24 bytes each)
 # part of a filter's file name: a filter built by another Polars version is not found
 HASH_VERSION = f"polars-{pl.__version__}"
@@ -52,7 +57,8 @@ def build(keys: pl.Series | Iterable[pl.Series]) -> np.ndarray:
         [hashes(part.drop_nulls().unique()) for part in parts] or [np.array([], dtype=np.uint64)]))
     # distinct by a sort (`np.unique` took 14.6 s for 10M hashes, this 0.13)
     distinct = distinct[np.concatenate([[True], distinct[1:] != distinct[:-1]])] if distinct.size else distinct
-    bits = 1 << max(6, int(np.ceil(np.log2(max(distinct.size, 1) * BITS_PER_KEY))))
+    per_key = SMALL_FILE_BITS_PER_KEY if distinct.size <= SMALL_FILE_KEYS else BITS_PER_KEY
+    bits = 1 << max(6, int(np.ceil(np.log2(max(distinct.size, 1) * per_key))))
     packed = np.zeros(bits // 8, dtype=np.uint8)
     for start in range(0, distinct.size, SET_SLICE):
         positions = _positions(distinct[start:start + SET_SLICE], bits).ravel()
