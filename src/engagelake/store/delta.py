@@ -1317,7 +1317,7 @@ class DeltaStore:
         per `MERGED_FILE_BYTES`, and one log entry; False (nothing written) when the table lacks
         a column of its schema: delta-rs then writes it and evolves the schema. delta-rs holds a
         file in memory until it is whole: at 1 GiB files a 10M-user compaction peaked at 4.56
-        GB against 3.32 at its 100 MiB files; this writer holds a row group."""
+        GB against 3.32 at its 100 MiB files; this writer holds a chunk of row groups."""
         schema = _arrow_schema(name)
         if not set(schema.names) <= {f.name for f in table.schema().fields}:
             return False
