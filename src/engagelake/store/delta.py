@@ -1420,8 +1420,12 @@ _ALIAS_PATHS = (("$.user_alias.alias_label", "$.user_alias.alias_name"), ("$.ali
 def _identifiers_of(snap: Snapshot, gone: pl.Series) -> pl.DataFrame:
     """(kind, value) of every identifier a deleted profile (`gone`) ever held: external IDs
     (renamed ones too), aliases ("label\x1fname"), emails and phones, from every stored row,
-    tombstoned ones included (a compaction reads each table whole anyway)."""
-    parts = []
+    tombstoned ones included (a compaction reads each table whole anyway), and from the
+    lineage's sides that resolved to one: a run merge into the bottom run keeps only a key's
+    newest row, so an external ID merged away (its row a tombstone since) may be left in the
+    lineage alone, as a skipped request names it."""
+    lineage = snap._stored("merges")
+    parts = [] if lineage is None else [_lineage_identifiers(lineage.filter(~pl.col("_deleted")), gone)]
     for table, kind, value in (("external_ids", "external_id", pl.col("external_id")),
                                ("aliases", "alias", pl.concat_str("alias_label", pl.lit("\x1f"), "alias_name")),
                                ("profiles", "email", pl.col("email")), ("profiles", "phone", pl.col("phone"))):
@@ -1432,6 +1436,21 @@ def _identifiers_of(snap: Snapshot, gone: pl.Series) -> pl.DataFrame:
     if not parts:
         return pl.DataFrame(schema={"kind": pl.String, "value": pl.String})
     return pl.concat(parts).drop_nulls().unique().collect()
+
+
+def _lineage_identifiers(lineage: pl.LazyFrame, gone: pl.Series) -> pl.LazyFrame:
+    """(kind, value) of the identifiers lineage rows name on a side that resolved to a
+    profile of `gone`."""
+    parts = []
+    for side in ("source", "target"):
+        mine = lineage.filter(pl.col(f"{side}_sid").is_in(gone.implode()))
+        text = pl.col(side)
+        parts += [mine.select(pl.lit(kind).alias("kind"), text.str.json_path_match(path).alias("value"))
+                  for path, kind in _LINEAGE_PATHS]
+        parts += [mine.select(pl.lit("alias").alias("kind"), pl.concat_str(
+            text.str.json_path_match(label), pl.lit("\x1f"), text.str.json_path_match(alias)).alias("value"))
+                  for label, alias in _ALIAS_PATHS]
+    return pl.concat(parts)
 
 
 def _redacted_lineage(rows: pl.DataFrame, gone: pl.Series, identifiers: pl.DataFrame) -> pl.DataFrame:
