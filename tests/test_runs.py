@@ -380,9 +380,11 @@ def test_held_columns_leave_out_only_columns_null_in_every_group_read(tmp_path: 
     batch=st.integers(1, 9),
     wanted=st.lists(st.sampled_from([*KEYS, "k", "ü"]), min_size=1, max_size=5),
     share=st.sampled_from([0, 8, 1 << 20]),
+    fence=st.sampled_from([1, 2, 3, 256]),
+    preads=st.booleans(),
 )
 def test_rows_taken_from_row_addressable_copies_equal_a_filter(tmp_path_factory, files, group, batch, wanted,
-                                                                share) -> None:
+                                                                share, fence, preads) -> None:
     """A file of a table in `records.TABLES` indexed by a writer has a row-addressable copy: a
     probe of few values takes its rows there (every row of a key, however the copy's batches
     cut them), a bigger one reads the file as before; both return what a filter returns."""
@@ -395,15 +397,17 @@ def test_rows_taken_from_row_addressable_copies_equal_a_filter(tmp_path_factory,
             paths.append(_write(folder / f"f{i}.parquet", keys, group))
             frames.append(pl.read_parquet(paths[-1]))
     values = pl.Series(wanted, dtype=pl.String)
-    saved = records.BATCH_ROWS, runs.RECORDS_SHARE
-    records.BATCH_ROWS, runs.RECORDS_SHARE = batch, share
+    saved = records.BATCH_ROWS, runs.RECORDS_SHARE, records.FENCE_EVERY, records.PREAD_KEYS
+    # a small probe's keys read by `pread` between fences (every `fence`-th hash), or searched in the map
+    records.BATCH_ROWS, runs.RECORDS_SHARE, records.FENCE_EVERY = batch, share, fence
+    records.PREAD_KEYS = 1024 if preads else 0
     try:
         FooterCache(root=str(root)).index(paths, "k")
         footers = FooterCache(root=str(root))
         got = read_where(paths, "k", values, footers, SCHEMA)
         projected = read_where(paths, "k", values, footers, SCHEMA, ["v"])
     finally:
-        records.BATCH_ROWS, runs.RECORDS_SHARE = saved
+        records.BATCH_ROWS, runs.RECORDS_SHARE, records.FENCE_EVERY, records.PREAD_KEYS = saved
     every = pl.concat(frames) if frames else pl.DataFrame(schema=SCHEMA)
     expected = every.filter(pl.col("k").is_in(values.implode()))
     assert sorted(got.rows()) == sorted(expected.rows())
@@ -419,13 +423,18 @@ def test_a_copy_is_found_only_whole_and_pruned_with_its_file(tmp_path: Path) -> 
     path = _write(folder / "f.parquet", [f"k{n:03d}" for n in range(300)], 50)
     FooterCache(root=str(tmp_path)).index([path], "k")
     index = footers_module.index_path(str(tmp_path), path)
-    copy, keys = records.paths(index)
+    copy, keys, fence = records.paths(index)
     found = records.load(index)
-    assert found is not None and found.take(membership.hashes(pl.Series(["k007"]))).column("v").to_pylist() == [7]
+    assert found is not None and found.fence is not None
+    assert found.take(membership.hashes(pl.Series(["k007"]))).column("v").to_pylist() == [7]
+    Path(fence).unlink()  # a copy written before fences: its keys are searched through the map
+    older = records.load(index)
+    assert older is not None and older.fence is None
+    assert older.take(membership.hashes(pl.Series(["k007", "k299"]))).column("v").to_pylist() == [7, 299]
     Path(keys).write_bytes(b"cut short")
     assert records.load(index) is None  # a copy without its whole keys is not used
     Path(keys).unlink()  # a file indexed before its table kept copies: the next index() writes one
     assert FooterCache(root=str(tmp_path)).index([path], "k") == 1 and records.load(index) is not None
     Path(path).unlink()
-    assert footers_module.prune_indexes(str(tmp_path)) == 4  # the index, the filter, the copy, its keys
-    assert not Path(copy).exists() and not Path(keys).exists()
+    assert footers_module.prune_indexes(str(tmp_path)) == 5  # the index, the filter, the copy, its keys, fences
+    assert not Path(copy).exists() and not Path(keys).exists() and not Path(fence).exists()

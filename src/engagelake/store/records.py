@@ -37,7 +37,14 @@ from engagelake.store import membership
 TABLES = frozenset({"external_ids"})
 SUFFIX = ".records.arrow"
 KEYS_SUFFIX = ".records.npy"
+FENCE_SUFFIX = ".records.fence.npy"
 BATCH_ROWS = 1 << 16  # rows a record batch of the copy holds (a take maps a position to its batch)
+# Every FENCE_EVERY-th sorted hash is kept in memory (312 KB at 10M rows): a probe of at most
+# PREAD_KEYS keys reads each key's window of the keys file (about 4 KB) with `pread` instead of
+# searching the mapped file, whose every touched page brings its neighbours into the process
+# (one take of 50 keys at 10M mapped 80 MiB of the keys file)
+FENCE_EVERY = 256
+PREAD_KEYS = 1024
 
 
 @dataclass(frozen=True)
@@ -48,18 +55,16 @@ class Records:
     batches: list[pa.RecordBatch]
     starts: np.ndarray  # the first row of each batch
     keys: np.ndarray  # (2, rows): hashes ascending, then the position of each
+    keys_path: str = ""
+    fence: np.ndarray | None = None  # every FENCE_EVERY-th hash (None: a copy written before fences)
 
     def take(self, hashed: np.ndarray) -> pa.Table:
         """The rows whose key hashes to one of `hashed` (64-bit, as `membership.hashes`
         makes them): a superset of the rows whose key is one of the values hashed."""
-        hashes = self.keys[0]
-        first = np.searchsorted(hashes, hashed, side="left")
-        counts = np.searchsorted(hashes, hashed, side="right") - first
-        total = int(counts.sum())
-        if total == 0:
+        rows = self._read_positions(hashed) if self._preads(hashed) else self._mapped_positions(hashed)
+        if rows.size == 0:
             return self.schema.empty_table()
-        at = np.repeat(first - np.cumsum(counts) + counts, counts) + np.arange(total)
-        rows = np.sort(self.keys[1][at])
+        rows = np.sort(rows)
         batch = np.searchsorted(self.starts, rows, side="right") - 1
         bounds = [0, *(np.flatnonzero(np.diff(batch)) + 1).tolist(), len(rows)]  # a run of rows per batch
         parts = []
@@ -68,18 +73,55 @@ class Records:
             parts.append(self.batches[k].take(pa.array(rows[start:end] - self.starts[k])))
         return pa.Table.from_batches(parts, schema=self.schema)
 
+    def _preads(self, hashed: np.ndarray) -> bool:
+        keys = self.keys
+        return (self.fence is not None and hashed.size <= PREAD_KEYS and isinstance(keys, np.memmap)
+                and keys.flags["C_CONTIGUOUS"])
 
-def paths(index_file: str) -> tuple[str, str]:
-    """The copy and key files of a data file whose footer index lies at `index_file`."""
+    def _mapped_positions(self, hashed: np.ndarray) -> np.ndarray:
+        """The copy's positions of the keys hashing to `hashed`, by a search of the mapped keys."""
+        hashes = self.keys[0]
+        first = np.searchsorted(hashes, hashed, side="left")
+        counts = np.searchsorted(hashes, hashed, side="right") - first
+        at = np.repeat(first - np.cumsum(counts) + counts, counts) + np.arange(int(counts.sum()))
+        return np.asarray(self.keys[1][at])
+
+    def _read_positions(self, hashed: np.ndarray) -> np.ndarray:
+        """As `_mapped_positions`, each hash's window between two fences read with `pread`:
+        a window holds every position of its hash (the fences before and after it are smaller
+        and greater), so two reads a key find them. A loop over a small probe's keys (at most
+        `PREAD_KEYS`), a few system calls each."""
+        assert self.fence is not None and isinstance(self.keys, np.memmap)
+        n, base = self.keys.shape[1], self.keys.offset
+        hashed = np.unique(hashed)
+        low = np.maximum(np.searchsorted(self.fence, hashed, side="left") - 1, 0) * FENCE_EVERY
+        high = np.minimum(np.searchsorted(self.fence, hashed, side="right") * FENCE_EVERY, n)
+        found = []
+        fd = os.open(self.keys_path, os.O_RDONLY)
+        try:
+            for h, a, b in zip(hashed.tolist(), low.tolist(), high.tolist(), strict=True):
+                window = np.frombuffer(os.pread(fd, 8 * (b - a), base + 8 * a), dtype=np.uint64)
+                hits = np.flatnonzero(window == np.uint64(h))
+                if hits.size:  # equal hashes lie side by side: their positions too
+                    first, last = a + int(hits[0]), a + int(hits[-1]) + 1
+                    found.append(np.frombuffer(os.pread(fd, 8 * (last - first), base + 8 * (n + first)),
+                                               dtype=np.uint64))
+        finally:
+            os.close(fd)
+        return np.concatenate(found) if found else np.array([], dtype=np.uint64)
+
+
+def paths(index_file: str) -> tuple[str, str, str]:
+    """The copy, key and fence files of a data file whose footer index lies at `index_file`."""
     stem = f"{index_file.rsplit('.footer.npz', 1)[0]}.{membership.HASH_VERSION}"
-    return stem + SUFFIX, stem + KEYS_SUFFIX
+    return stem + SUFFIX, stem + KEYS_SUFFIX, stem + FENCE_SUFFIX
 
 
 def write(data_path: str, column: str, index_file: str) -> None:
     """Write the copy of a data file and its keys, a batch at a time (memory: a batch, and 16
     bytes a row for the keys), each whole or not at all: the keys last, so that keys found
     mean a whole copy."""
-    copy_path, keys_path = paths(index_file)
+    copy_path, keys_path, fence_path = paths(index_file)
     os.makedirs(os.path.dirname(copy_path), exist_ok=True)
     suffix = f".{os.getpid()}.{threading.get_ident()}.tmp"
     file = pq.ParquetFile(data_path)
@@ -93,6 +135,9 @@ def write(data_path: str, column: str, index_file: str) -> None:
     os.replace(copy_path + suffix, copy_path)
     hashed = np.concatenate(hashes) if hashes else np.array([], dtype=np.uint64)
     order = np.argsort(hashed, kind="stable")
+    with open(fence_path + suffix, "wb") as f:
+        np.save(f, hashed[order][::FENCE_EVERY])
+    os.replace(fence_path + suffix, fence_path)
     with open(keys_path + suffix, "wb") as f:
         np.save(f, np.stack([hashed[order], order.astype(np.uint64)]))
     os.replace(keys_path + suffix, keys_path)
@@ -113,14 +158,19 @@ def remove(index_file: str) -> None:
     it keeps its mapping; the others read the file's row groups): copies are the biggest
     caches, and a merged-away file's would stay until compaction prunes it. The keys go
     first, so that a copy is never found without them."""
-    for path in reversed(paths(index_file)):
+    copy_path, keys_path, fence_path = paths(index_file)
+    for path in (keys_path, fence_path, copy_path):
         with contextlib.suppress(FileNotFoundError):
             os.remove(path)
 
 
 def load(index_file: str) -> Records | None:
     """A data file's copy, memory-mapped (None: none, or one that cannot be read)."""
-    copy_path, keys_path = paths(index_file)
+    copy_path, keys_path, fence_path = paths(index_file)
+    try:
+        fence: np.ndarray | None = np.load(fence_path, allow_pickle=False)
+    except (OSError, ValueError):
+        fence = None  # none (a copy written before fences) or unreadable: searched through the map
     try:
         keys = np.load(keys_path, mmap_mode="r", allow_pickle=False)
         reader = pa.ipc.open_file(pa.memory_map(copy_path))
@@ -130,7 +180,10 @@ def load(index_file: str) -> Records | None:
     sizes = np.array([b.num_rows for b in batches], dtype=np.int64)
     if keys.ndim != 2 or keys.shape[1] != int(sizes.sum()):
         return None
-    return Records(reader.schema, batches, np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.uint64), keys)
+    if fence is not None and (fence.ndim != 1 or fence.size != -(-keys.shape[1] // FENCE_EVERY)):
+        fence = None
+    return Records(reader.schema, batches, np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.uint64), keys,
+                   keys_path, fence)
 
 
 def matching(table: pa.Table, column: str, exact: pa.Array) -> pa.Table:

@@ -263,9 +263,9 @@ class FooterCache:
         Returns how many it wrote."""
         assert self.root is not None
         root = self.root
-        # a file indexed before its table kept row-addressable copies gets one now
+        # a file indexed before its table kept row-addressable copies (or their fences) gets one now
         missing = [path for path in paths if not os.path.exists(index_path(root, path)) or (
-            _table(path) in records.TABLES and not os.path.exists(records.paths(index_path(root, path))[1]))]
+            _table(path) in records.TABLES and not all(map(os.path.exists, records.paths(index_path(root, path))[1:])))]
 
         def write(path: str) -> bool:
             footer, metadata = read_footer(path)
