@@ -417,6 +417,22 @@ def test_rows_taken_from_row_addressable_copies_equal_a_filter(tmp_path_factory,
         assert footers.rows_taken >= expected.height
 
 
+def test_a_copy_held_by_a_reader_still_answers_once_its_files_are_removed(tmp_path: Path) -> None:
+    """A run merge removes the copies of the files it replaced while a reader may still hold
+    them: the held copy still takes rows, its keys read with `pread` from the file it keeps open."""
+    folder = tmp_path / "external_ids"
+    folder.mkdir()
+    path = _write(folder / "f.parquet", [f"k{n:04d}" for n in range(3_000)], 100)
+    FooterCache(root=str(tmp_path)).index([path], "k")
+    index = footers_module.index_path(str(tmp_path), path)
+    held = records.load(index)
+    assert held is not None and held.keys_file is not None
+    records.remove(index)
+    assert not any(Path(p).exists() for p in records.paths(index))
+    taken = held.take(membership.hashes(pl.Series(["k0007", "k2999", "absent"])))
+    assert sorted(taken.column("v").to_pylist()) == [7, 2_999]
+
+
 def test_a_copy_is_found_only_whole_and_pruned_with_its_file(tmp_path: Path) -> None:
     folder = tmp_path / "external_ids"
     folder.mkdir()

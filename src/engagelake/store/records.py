@@ -25,6 +25,7 @@ import os
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import BinaryIO
 
 import numpy as np
 import polars as pl
@@ -55,8 +56,10 @@ class Records:
     batches: list[pa.RecordBatch]
     starts: np.ndarray  # the first row of each batch
     keys: np.ndarray  # (2, rows): hashes ascending, then the position of each
-    keys_path: str = ""
     fence: np.ndarray | None = None  # every FENCE_EVERY-th hash (None: a copy written before fences)
+    # the keys file, open: a run merge removes the copies of the files it replaced while a
+    # reader may still hold them (as the maps do, the open file keeps what was removed readable)
+    keys_file: BinaryIO | None = None
 
     def take(self, hashed: np.ndarray) -> pa.Table:
         """The rows whose key hashes to one of `hashed` (64-bit, as `membership.hashes`
@@ -75,8 +78,8 @@ class Records:
 
     def _preads(self, hashed: np.ndarray) -> bool:
         keys = self.keys
-        return (self.fence is not None and hashed.size <= PREAD_KEYS and isinstance(keys, np.memmap)
-                and keys.flags["C_CONTIGUOUS"])
+        return (self.fence is not None and self.keys_file is not None and hashed.size <= PREAD_KEYS
+                and isinstance(keys, np.memmap) and keys.flags["C_CONTIGUOUS"])
 
     def _mapped_positions(self, hashed: np.ndarray) -> np.ndarray:
         """The copy's positions of the keys hashing to `hashed`, by a search of the mapped keys."""
@@ -91,23 +94,18 @@ class Records:
         a window holds every position of its hash (the fences before and after it are smaller
         and greater), so two reads a key find them. A loop over a small probe's keys (at most
         `PREAD_KEYS`), a few system calls each."""
-        assert self.fence is not None and isinstance(self.keys, np.memmap)
-        n, base = self.keys.shape[1], self.keys.offset
+        assert self.fence is not None and self.keys_file is not None and isinstance(self.keys, np.memmap)
+        n, base, fd = self.keys.shape[1], self.keys.offset, self.keys_file.fileno()
         hashed = np.unique(hashed)
         low = np.maximum(np.searchsorted(self.fence, hashed, side="left") - 1, 0) * FENCE_EVERY
         high = np.minimum(np.searchsorted(self.fence, hashed, side="right") * FENCE_EVERY, n)
         found = []
-        fd = os.open(self.keys_path, os.O_RDONLY)
-        try:
-            for h, a, b in zip(hashed.tolist(), low.tolist(), high.tolist(), strict=True):
-                window = np.frombuffer(os.pread(fd, 8 * (b - a), base + 8 * a), dtype=np.uint64)
-                hits = np.flatnonzero(window == np.uint64(h))
-                if hits.size:  # equal hashes lie side by side: their positions too
-                    first, last = a + int(hits[0]), a + int(hits[-1]) + 1
-                    found.append(np.frombuffer(os.pread(fd, 8 * (last - first), base + 8 * (n + first)),
-                                               dtype=np.uint64))
-        finally:
-            os.close(fd)
+        for h, a, b in zip(hashed.tolist(), low.tolist(), high.tolist(), strict=True):
+            window = np.frombuffer(os.pread(fd, 8 * (b - a), base + 8 * a), dtype=np.uint64)
+            hits = np.flatnonzero(window == np.uint64(h))
+            if hits.size:  # equal hashes lie side by side: their positions too
+                first, last = a + int(hits[0]), a + int(hits[-1]) + 1
+                found.append(np.frombuffer(os.pread(fd, 8 * (last - first), base + 8 * (n + first)), dtype=np.uint64))
         return np.concatenate(found) if found else np.array([], dtype=np.uint64)
 
 
@@ -173,6 +171,7 @@ def load(index_file: str) -> Records | None:
         fence = None  # none (a copy written before fences) or unreadable: searched through the map
     try:
         keys = np.load(keys_path, mmap_mode="r", allow_pickle=False)
+        keys_file = open(keys_path, "rb") if fence is not None else None  # noqa: SIM115 - kept open with the copy
         reader = pa.ipc.open_file(pa.memory_map(copy_path))
         batches = [reader.get_batch(i) for i in range(reader.num_record_batches)]
     except (OSError, ValueError, pa.ArrowException):
@@ -183,7 +182,7 @@ def load(index_file: str) -> Records | None:
     if fence is not None and (fence.ndim != 1 or fence.size != -(-keys.shape[1] // FENCE_EVERY)):
         fence = None
     return Records(reader.schema, batches, np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.uint64), keys,
-                   keys_path, fence)
+                   fence, keys_file)
 
 
 def matching(table: pa.Table, column: str, exact: pa.Array) -> pa.Table:
