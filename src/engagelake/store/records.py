@@ -116,9 +116,9 @@ def paths(index_file: str) -> tuple[str, str, str]:
 
 
 def write(data_path: str, column: str, index_file: str) -> None:
-    """Write the copy of a data file and its keys, a batch at a time (memory: a batch, and 16
-    bytes a row for the keys), each whole or not at all: the keys last, so that keys found
-    mean a whole copy."""
+    """Write the copy of a data file, its keys and their fence, a batch at a time (memory: a
+    batch, and 16 bytes a row for the keys), each whole or not at all: the keys last, so that
+    keys found mean a whole copy and fence."""
     copy_path, keys_path, fence_path = paths(index_file)
     os.makedirs(os.path.dirname(copy_path), exist_ok=True)
     suffix = f".{os.getpid()}.{threading.get_ident()}.tmp"
