@@ -1305,11 +1305,12 @@ def test_apply_mode_matches_model(reqs: list[dict]) -> None:
 @given(reqs=request_sequences)
 @with_examples(TRICKY_SEQUENCES + IDENTITY_SEQUENCES)
 def test_apply_with_staged_passes_matches_model(reqs: list[dict]) -> None:
-    """As one apply, with every pass (of one request) staged to disk (`store/staging.py`)."""
+    """As one apply, with every pass (of one request) staged to disk (`store/staging.py`), and
+    the stored rows of the users the track requests name read ahead (`store/ahead.py`)."""
     describe(reqs)
     model, want = run_model(reqs)
-    limits = workspace.STAGE_ROWS, workspace.TRACK_RUN_MAX
-    workspace.STAGE_ROWS, workspace.TRACK_RUN_MAX = 1, 1
+    limits = workspace.STAGE_ROWS, workspace.TRACK_RUN_MAX, workspace.READ_AHEAD_MIN_ROWS
+    workspace.STAGE_ROWS, workspace.TRACK_RUN_MAX, workspace.READ_AHEAD_MIN_ROWS = 1, 1, 0
     with tempfile.TemporaryDirectory() as tmp:
         ws = new_engine(tmp)
         try:
@@ -1319,7 +1320,7 @@ def test_apply_with_staged_passes_matches_model(reqs: list[dict]) -> None:
                 assert_same(response_pair(g), w, f"response to request {i}")
             assert_same(ws.export_users(), model.export_users(), "final export_users()")
         finally:
-            workspace.STAGE_ROWS, workspace.TRACK_RUN_MAX = limits
+            workspace.STAGE_ROWS, workspace.TRACK_RUN_MAX, workspace.READ_AHEAD_MIN_ROWS = limits
             close(ws)
 
 

@@ -832,6 +832,15 @@ class DeltaStore:
             self._ranges[(name, version, column)] = ranges
         return ranges
 
+    def stored_rows(self, name: str, version: int) -> int:
+        """The rows of a table version's files, every version of a key counted, from their add
+        actions' statistics (a file without them counts none): no file is opened."""
+        with self._cache_lock:
+            actions = self._actions_at(name, version)
+        if "num_records" not in actions.column_names:
+            return 0
+        return int(pc.sum(actions.column("num_records")).as_py() or 0)
+
     def holds_partial_rows(self, name: str, version: int | None) -> bool:
         """Whether a file of `name` at `version` may hold partial rows (by its statistics)."""
         if name not in PARTIAL or version is None or not self.files(name, version):
@@ -1511,6 +1520,10 @@ class Snapshot:
 
     def holds(self, name: str) -> bool:
         return bool(self.files(name))
+
+    def rows(self, name: str) -> int:
+        version = self.head.versions.get(name)
+        return 0 if version is None or not self.files(name) else self.store.stored_rows(name, version)
 
     def _stored(self, name: str) -> pl.LazyFrame | None:
         files = self.files(name)

@@ -224,6 +224,9 @@ class StagedSource:
     def holds(self, name: str) -> bool:
         return self.base.holds(name) or bool(self.stages.files.get(name))
 
+    def rows(self, name: str) -> int:
+        return self.base.rows(name)
+
     def probe(self, name: str, column: str, values: pl.Series, held: pl.DataFrame | None = None) -> pl.DataFrame:
         staged = self.stages.rows(name)
         if staged is None:

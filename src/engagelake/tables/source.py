@@ -27,6 +27,11 @@ class RowSource(Protocol):
         """Whether `name` may have stored rows at all (false: every probe answers nothing)."""
         ...
 
+    def rows(self, name: str) -> int:
+        """About how many rows `name` stores (every stored version of a key counted; none
+        staged): what a read of the table costs, without opening a file."""
+        ...
+
     def scan(self, name: str) -> pl.LazyFrame:
         """Every current stored row of `name`, lazily (log tables: as written); it may carry a
         `STAGED` column."""

@@ -147,6 +147,21 @@ def parse_track(bodies: pa.Table) -> ParsedTrack:
     return ParsedTrack(*(pl.concat([getattr(p, f) for p in parts]) for f in ParsedTrack.__dataclass_fields__))
 
 
+# an object's `"external_id": "..."` as the text of a body writes it (a value holding an escape
+# is left out: it would be read wrong)
+_EXTERNAL_ID = r'"external_id"\s*:\s*"[^"\\]*"'
+
+
+def named_external_ids(texts: list[str]) -> pl.Series:
+    """The distinct external IDs the track bodies `texts` (JSON text) name, found by a search
+    of the text, for a batch to read their users' stored rows ahead (`workspace._Ahead`). It
+    may find more (a property's value that reads like one) and miss some (an ID written with
+    an escape): what is read ahead only saves time."""
+    found = pl.Series("body", texts, pl.String).str.extract_all(_EXTERNAL_ID).explode().drop_nulls()
+    return (found.str.replace(r'^"external_id"\s*:\s*"', "").str.strip_suffix('"')
+            .unique().rename("external_id"))
+
+
 def _parse(bodies: pa.Table, *, threads: int | None) -> ParsedTrack:
     with duck.connection(threads) as con:
         return _parse_chunk(con, bodies)

@@ -1,0 +1,160 @@
+"""Rows read ahead (`store/ahead.py`): a big batch reads its users' stored rows once, and the
+passes answer and end exactly as when each reads its own."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import pytest
+from tests.helpers import open_ws
+from tests.test_apply_equals_call import final_state, post_export, post_track
+
+import engagelake.workspace as workspace
+from engagelake.rules.profile.parse import named_external_ids
+from engagelake.store import ahead, delta
+
+MERGE = "/users/merge"
+
+
+def test_named_external_ids_finds_each_object_s_id_as_written() -> None:
+    texts = [
+        '{"attributes":[{"external_id":"a","n":1},{"external_id" : "b"}],'
+        '"events":[{"external_id":"c","name":"e","properties":{"external_id":"d"}}]}',
+        '{"purchases":[{"external_id":"a","product_id":"p"}, {"external_id":"e\\"x"}]}',
+        '{"attributes":[{"user_alias":{"alias_name":"external_id","alias_label":"l"}}]}',
+        "not json at all",
+    ]
+    # a property that reads like one is found (it only costs a read); an escaped one is not
+    assert sorted(named_external_ids(texts).to_list()) == ["a", "b", "c", "d"]
+    assert named_external_ids([]).len() == 0
+
+
+def _users(ws: Any, n: int) -> None:
+    ws.apply([post_track(attributes=[{"external_id": f"u{i}", "n": i, "tags": ["t"]} for i in range(n)])])
+
+
+def _sorted(frame: pl.DataFrame) -> pl.DataFrame:
+    return frame.sort(frame.columns)
+
+
+@pytest.mark.parametrize("asked", [["u1", "u2"], ["u1", "nobody"], ["nobody", "u9"], []])
+def test_a_probe_of_rows_read_ahead_answers_as_the_store(tmp_path: Path, asked: list[str]) -> None:
+    ws = open_ws(tmp_path)
+    _users(ws, 10)
+    snapshot = ws.state.source
+    assert snapshot is not None
+    read = ahead.ReadAhead(snapshot)
+    found = read.load("external_ids", "external_id", pl.Series(["u1", "u2", "u3", "nobody"]))
+    read.load("attributes", "service_id", found["service_id"])
+    ids = pl.Series("external_id", asked, pl.String)
+    assert _sorted(read.probe("external_ids", "external_id", ids)).equals(
+        _sorted(snapshot.probe("external_ids", "external_id", ids)))
+    sids = snapshot.probe("external_ids", "external_id", pl.Series(["u1", "u9"]))["service_id"]
+    assert _sorted(read.probe("attributes", "service_id", sids)).equals(
+        _sorted(snapshot.probe("attributes", "service_id", sids)))
+    assert read.rows("attributes") == snapshot.rows("attributes") == 20
+
+
+# passes of two requests; increments need the stored values; a merge and an export between
+# passes end a window of requests read ahead, and a new one starts after them
+BATCH = [
+    post_track(attributes=[{"external_id": f"u{i}", "n": {"inc": 1}}]) for i in range(5)
+] + [
+    post_track(attributes=[{"external_id": "new1", "n": 5}], events=[{"external_id": "u6", "name": "e",
+                                                                       "time": "2026-11-20T00:00:00Z"}]),
+    {"method": "POST", "path": MERGE, "body": {"merge_updates": [
+        {"identifier_to_merge": {"external_id": "u7"}, "identifier_to_keep": {"external_id": "u8"}}]}},
+    post_track(attributes=[{"external_id": "u8", "n": {"inc": 10}, "tags": {"add": ["z"]}}]),
+    post_track(attributes=[{"external_id": "u1", "n": {"inc": 100}}]),
+    post_track(attributes=[{"external_id": "new1", "n": {"inc": 1}}]),
+    post_export(external_ids=["u1", "u8", "new1"]),
+    post_track(attributes=[{"external_id": "u9", "n": "text"}]),
+    post_track(attributes=[{"external_id": "u9", "n": {"inc": 1}}]),  # not a number now: an error
+    post_track(attributes=[{"external_id": "u2", "n": {"inc": 1}}]),
+]
+
+
+@pytest.mark.parametrize("stage", [False, True], ids=["held", "staged"])
+def test_a_batch_that_reads_ahead_answers_and_ends_as_one_that_does_not(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stage: bool) -> None:
+    monkeypatch.setattr(workspace, "TRACK_RUN_MAX", 2)
+    if stage:
+        monkeypatch.setattr(workspace, "STAGE_ROWS", 1)
+    loads: list[str] = []
+    load = ahead.ReadAhead.load
+
+    def counted(self: ahead.ReadAhead, name: str, column: str, values: pl.Series) -> pl.DataFrame:
+        loads.append(name)
+        return load(self, name, column, values)
+
+    monkeypatch.setattr(ahead.ReadAhead, "load", counted)
+    results = {}
+    for reads_ahead in (True, False):
+        monkeypatch.setattr(workspace, "READ_AHEAD_MIN_ROWS", 0 if reads_ahead else 10**12)
+        ws = open_ws(tmp_path, f"ahead-{reads_ahead}")
+        _users(ws, 10)
+        results[reads_ahead] = ws.apply(copy.deepcopy(BATCH)), final_state(ws)
+    # three windows: the first five passes' requests, after the merge, after the export
+    assert loads == ["external_ids", "attributes"] * 3
+    assert results[True] == results[False]
+    responses = results[True][0]
+    assert [r.status for r in responses] == [201] * 6 + [202] + [201] * 3 + [200] + [201] * 3
+    assert responses[-2].body["errors"][0]["input_array"] == "attributes"
+
+
+def test_passes_read_ahead_read_the_attributes_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(workspace, "TRACK_RUN_MAX", 2)
+    monkeypatch.setattr(workspace, "READ_AHEAD_MIN_ROWS", 0)
+    probes: list[int] = []
+    probe = delta.Snapshot.probe
+
+    def counted(self: delta.Snapshot, name: str, column: str, values: pl.Series, held: Any = None) -> pl.DataFrame:
+        if name == "attributes":
+            probes.append(values.len())
+        return probe(self, name, column, values, held)
+
+    monkeypatch.setattr(delta.Snapshot, "probe", counted)
+    ws = open_ws(tmp_path)
+    _users(ws, 10)
+    probes.clear()
+    got = ws.apply([post_track(attributes=[{"external_id": f"u{i}", "n": {"inc": 1}}]) for i in range(10)])
+    assert [r.status for r in got] == [201] * 10
+    assert probes == [10]  # one read for five passes
+    assert ws.call("POST", "/users/export/ids", {"external_ids": ["u3"], "fields_to_export": ["custom_attributes"]}
+                   ).body["users"][0]["custom_attributes"]["n"] == 4
+
+
+def test_a_small_store_reads_no_rows_ahead(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(workspace, "TRACK_RUN_MAX", 2)
+    monkeypatch.setattr(ahead.ReadAhead, "load", lambda *_: pytest.fail("read ahead under READ_AHEAD_MIN_ROWS"))
+    ws = open_ws(tmp_path)
+    _users(ws, 10)
+    assert [r.status for r in ws.apply([post_track(attributes=[{"external_id": "u1", "n": {"inc": 1}}])] * 6)
+            ] == [201] * 6
+
+
+def test_an_overtaken_batch_reads_ahead_again_from_its_spool(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A batch given as a generator, overtaken by another writer's commit, runs again from the
+    requests it spooled: its second attempt reads ahead again, over the newer store."""
+    monkeypatch.setattr(workspace, "TRACK_RUN_MAX", 2)
+    monkeypatch.setattr(workspace, "READ_AHEAD_MIN_ROWS", 0)
+    ws, other = open_ws(tmp_path), open_ws(tmp_path)
+    _users(ws, 10)
+    commit, attempts = ws.store.commit, []
+
+    def overtaken_once(*args: Any, **kwargs: Any) -> None:
+        attempts.append(1)
+        if len(attempts) == 1:
+            other.call("POST", "/users/track", {"attributes": [{"external_id": "u1", "n": {"inc": 1000}}]})
+        commit(*args, **kwargs)
+
+    monkeypatch.setattr(ws.store, "commit", overtaken_once)
+    batch = (post_track(attributes=[{"external_id": f"u{i % 3}", "n": {"inc": 1}}]) for i in range(9))
+    assert [r.status for r in ws.apply(batch)] == [201] * 9
+    assert len(attempts) == 2
+    got = open_ws(tmp_path).call("POST", "/users/export/ids", {"external_ids": ["u0", "u1", "u2"],
+                                                                "fields_to_export": ["external_id", "custom_attributes"]})
+    assert {u["external_id"]: u["custom_attributes"]["n"] for u in got.body["users"]} == {"u0": 3, "u1": 1004, "u2": 5}
