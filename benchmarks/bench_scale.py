@@ -10,6 +10,11 @@
 - P3 warm: 50 exports of 50 random external IDs with every field in one process, p50/p95.
 - P2: 10,000 track objects into the big store vs into an empty store (median of 3 batches each,
   the same generator as `bench_track.py`), with the peak RSS of this process.
+- `--p1`: P1 at this size: 1M mixed track objects (`--p1-objects`) in one `apply`, into a copy of
+  the store (made beside it, or in `--p1-work`, and removed after), in a fresh process that
+  holds the input as NDJSON lines as `bench_track.py` does; then the same batch hand-written
+  as a DuckDB `MERGE` and a delta-rs merge against a users table of the same size
+  (`baseline.py`), and the ratios.
 
 Applying P2 adds users to the store. Prints figures; asserts nothing.
 """
@@ -18,14 +23,21 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
+import os
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import orjson
 from rich.table import Table
 
 from bench_track import (
@@ -38,6 +50,7 @@ from bench_track import (
     mib,
     mixed_requests,
     open_ws,
+    vm_rss,
 )
 from engagelake import Workspace
 from engagelake.rules.messages import EXPORT_FIELDS
@@ -79,14 +92,77 @@ def runs_and_files(ws: Workspace, name: str) -> str:
     return f"{len(runs)} ({sum(len(run.files) for run in runs)})"
 
 
+def p1_requests(users: int, objects: int, seed: int) -> list[dict[str, Any]]:
+    """P1's batch at this size: new users numbered past those P2 runs may have added."""
+    ids = IdSpace(users)
+    ids.next_new = users + objects
+    return mixed_requests(objects, ids, np.random.default_rng(seed))
+
+
+def p1_engine(store: str, users: int, objects: int, seed: int) -> dict[str, float]:
+    """P1 into `store` (run in a fresh process): wall and CPU seconds, the peak VmRSS."""
+    lines = [orjson.dumps(r) for r in p1_requests(users, objects, seed)]
+    ws = open_ws(Path(store))
+    peak, done = [vm_rss()], threading.Event()
+
+    def sample() -> None:
+        while not done.wait(0.02):
+            peak[0] = max(peak[0], vm_rss())
+
+    threading.Thread(target=sample, daemon=True).start()
+    t, c = time.perf_counter(), time.process_time()
+    bad = errors_in(ws.apply(orjson.loads(line) for line in lines))
+    wall, cpu = time.perf_counter() - t, time.process_time() - c
+    done.set()
+    ws.close()
+    return {"wall_s": wall, "cpu_s": cpu, "peak_rss": max(peak[0], vm_rss()), "errors": bad}
+
+
+def p1_baselines(users: int, objects: int, seed: int, folder: str) -> dict[str, float]:
+    from baseline import hand_written  # it imports bench_track's generator
+    return hand_written(p1_requests(users, objects, seed), users, Path(folder))
+
+
+def p1_rows(store: Path, users: int, objects: int, work: Path | None, seed: int) -> list[tuple[str, str, str]]:
+    """P1 into a copy of `store`, and the hand-written baselines: the figure rows."""
+    folder = Path(tempfile.mkdtemp(prefix="p1-", dir=work or store.parent))
+    try:
+        console.print(f"  P1: copying {store} to {folder} ...")
+        shutil.copytree(store, folder / "store")
+        os.sync()  # the copy's writes must not compete with the reads timed
+        spawn = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(1, mp_context=spawn) as child:
+            engine = child.submit(p1_engine, str(folder / "store"), users, objects, seed).result()
+        shutil.rmtree(folder / "store")
+        console.print(f"  P1 engine: {engine['wall_s']:.2f} s; the baselines ...")
+        with ProcessPoolExecutor(1, mp_context=spawn) as child:
+            base = child.submit(p1_baselines, users, objects, seed, str(folder / "baseline")).result()
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    merge, delta = base["duckdb_merge_s"], base["delta_merge_s"]
+    return [
+        (f"P1 {objects:,} objects in one apply, into a copy of the store",
+         f"{engine['wall_s']:.2f} s wall, {engine['cpu_s']:.1f} s CPU, peak VmRSS {mib(engine['peak_rss'])}, "
+         f"{engine['errors']:.0f} errors", ""),
+        ("  hand-written without the rules: DuckDB MERGE / delta-rs merge", f"{merge:.2f} / {delta:.2f} s", ""),
+        ("  P1 engine / DuckDB MERGE; / delta-rs merge",
+         f"{engine['wall_s'] / merge:.1f}x; {engine['wall_s'] / delta:.1f}x", "< 1x"),
+    ]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--store", type=Path, required=True)
     ap.add_argument("--users", type=int, default=10_000_000, help="users the store was built with")
     ap.add_argument("--seed", type=int, default=3)
+    ap.add_argument("--p1", action="store_true", help="also time P1 into a copy of the store, and its baselines")
+    ap.add_argument("--p1-objects", type=int, default=1_000_000)
+    ap.add_argument("--p1-work", type=Path, help="where the copy goes (default: beside the store)")
     args = ap.parse_args()
     rng = np.random.default_rng(args.seed)
     rows: list[tuple[str, str, str]] = []
+    if args.p1:  # first: the store as built, before P2 adds to it
+        rows += p1_rows(args.store, args.users, args.p1_objects, args.p1_work, args.seed)
 
     colds = [cold_export(args.store, ext_ids(rng.choice(args.users, 50, replace=False))) for _ in range(3)]
     cold = sorted(colds, key=lambda c: c["wall_s"])[1]
