@@ -111,6 +111,7 @@ FORGET_MIN_CHARS = 3
 # user shares (alias labels, app ids, platforms); times the engine wrote are skipped too
 FORGET_SKIPPED = ("service_id", "alias_label", "app", "app_id", "platform")
 _ENGINE_TIME = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?Z$")
+_JITTER = random.Random()  # retry jitter, not drawn from the caller's global generator
 SEEN_SPOOL_BYTES = 16 << 20  # request text a batch keeps in memory for a retry (see `_Seen`)
 # A batch whose track pass is full reads up to this much request text ahead, and the stored rows
 # of the users it names once for all those passes (`_Ahead`, `store/ahead.py`); the text is
@@ -805,7 +806,7 @@ class Workspace:
             if time.monotonic() >= deadline:
                 raise StoreError(f"the store at {self.store.uri} kept changing under this batch for "
                                  f"{self.retry_for:.0f} s; retry later")
-            time.sleep(random.uniform(delay / 2, delay))
+            time.sleep(_JITTER.uniform(delay / 2, delay))
             delay = min(delay * 2, 1.0)
 
     def _run_batch(self, body: Callable[[_Batch], None], idempotency_key: str | None, *,

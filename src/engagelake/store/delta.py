@@ -83,6 +83,9 @@ if TYPE_CHECKING:
 
     from engagelake.store.staging import Stages
 
+# jitter of waits for the writer lock, from a generator of our own: the global one is the
+# caller's (Hypothesis warns when it moves while it draws an example)
+_JITTER = random.Random()
 LEDGER = "_ledger"
 LEDGER_SCHEMA = {
     "batch_no": pl.Int64(),
@@ -243,7 +246,7 @@ def writer_lock(root: Path, timeout: float | None = None) -> Iterator[None]:
                         raise StoreError(
                             f"other writers held the store at {root} for more than {timeout:.0f} s; "
                             "retry later, or open the workspace with a longer retry_for") from None
-                    time.sleep(random.uniform(0.005, 0.02))
+                    time.sleep(_JITTER.uniform(0.005, 0.02))
         try:
             yield
         finally:
