@@ -116,13 +116,14 @@ _OBJECT_COLUMNS = [
 _OBJECT_TAIL = [pl.col("props_keys"), pl.col("props_nested"),
                 _type("tokens").alias("tokens_t"), _type("groups").alias("groups_t")]
 
-# properties objects: their keys, and whether a value nests (read from the properties' text)
+# properties objects: their keys, and whether a value nests (read from the properties' text;
+# `list_has_any` of the values' types, not a lambda over them: the statement 33 against 42 ms
+# for 31k objects; an empty object's null became false, which the check reads alike)
 _PROPS = f"ft[{_AT['props']}] = 'OBJECT'"
 _LISTS_SQL = f"""
 SELECT seq, req, arr, idx, obj_t, ft, fv,
        CASE WHEN {_PROPS} THEN json_keys(fv[{_AT['props']}]) END AS props_keys,
-       CASE WHEN {_PROPS} THEN list_bool_or(list_transform(json_type(fv[{_AT['props']}], '$.*'),
-                                            lambda x: coalesce(x IN ('OBJECT', 'ARRAY'), false))) END AS props_nested
+       CASE WHEN {_PROPS} THEN list_has_any(json_type(fv[{_AT['props']}], '$.*'), ['OBJECT', 'ARRAY']) END AS props_nested
 FROM o
 """
 
