@@ -2,6 +2,7 @@
 
     cd /work/main && uv run python benchmarks/build_store.py --users 10000000 --out /tmp/store10m
     cd /work/main && uv run python benchmarks/bench_scale.py --store /tmp/store10m --users 10000000
+    cd /work/main && uv run python benchmarks/bench_scale.py --store /tmp/store10m --users 10000000 --p1
 
 - cold: a fresh process opens the store and exports 50 random external IDs (wall time of the
   whole process, its peak RSS, and at its exit its anonymous and file-backed resident pages:
