@@ -158,3 +158,29 @@ def test_an_overtaken_batch_reads_ahead_again_from_its_spool(tmp_path: Path, mon
     got = open_ws(tmp_path).call("POST", "/users/export/ids", {"external_ids": ["u0", "u1", "u2"],
                                                                 "fields_to_export": ["external_id", "custom_attributes"]})
     assert {u["external_id"]: u["custom_attributes"]["n"] for u in got.body["users"]} == {"u0": 3, "u1": 1004, "u2": 5}
+
+
+def test_a_failed_read_ahead_fails_its_batch_and_leaves_the_store_as_it_was(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rows are read in a thread of their own: its error reaches the batch, whose passes
+    wait for them, and nothing of the batch is stored."""
+    monkeypatch.setattr(workspace, "TRACK_RUN_MAX", 2)
+    monkeypatch.setattr(workspace, "READ_AHEAD_MIN_ROWS", 0)
+    ws = open_ws(tmp_path)
+    _users(ws, 10)
+    load = ahead.ReadAhead.load
+
+    def failing(self: ahead.ReadAhead, name: str, column: str, values: pl.Series) -> pl.DataFrame:
+        if name == "attributes":
+            raise OSError("the disk went away")
+        return load(self, name, column, values)
+
+    batch = [post_track(attributes=[{"external_id": f"u{i}", "n": {"inc": 1}}]) for i in range(6)]
+    with monkeypatch.context() as broken:
+        broken.setattr(ahead.ReadAhead, "load", failing)
+        with pytest.raises(Exception, match="the disk went away"):
+            ws.apply(copy.deepcopy(batch))
+    export = {"external_ids": ["u1"], "fields_to_export": ["custom_attributes"]}
+    assert ws.call("POST", "/users/export/ids", export).body["users"][0]["custom_attributes"]["n"] == 1
+    assert [r.status for r in ws.apply(batch)] == [201] * 6
+    assert ws.call("POST", "/users/export/ids", export).body["users"][0]["custom_attributes"]["n"] == 2
