@@ -9,6 +9,8 @@ from typing import Any
 
 import polars as pl
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from tests.helpers import open_ws
 from tests.test_apply_equals_call import final_state, post_export, post_track
 
@@ -56,6 +58,35 @@ def test_a_probe_of_rows_read_ahead_answers_as_the_store(tmp_path: Path, asked: 
     assert _sorted(read.probe("attributes", "service_id", sids)).equals(
         _sorted(snapshot.probe("attributes", "service_id", sids)))
     assert read.rows("attributes") == snapshot.rows("attributes") == 20
+
+
+@pytest.fixture(scope="module")
+def stored(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """A snapshot of 12 users over two runs: some attributes set, changed, removed in the second;
+    one user deleted."""
+    ws = open_ws(tmp_path_factory.mktemp("ahead"))
+    _users(ws, 12)
+    got = ws.apply([post_track(attributes=[{"external_id": f"u{i}", "n": None, "m": i} for i in range(0, 12, 3)]),
+                    {"method": "POST", "path": "/users/delete", "body": {"external_ids": ["u5"]}}])
+    assert [r.status for r in got] == [201, 202]
+    return ws.state.source
+
+
+IDS = [f"u{i}" for i in range(14)]  # u12 and u13 were never stored
+
+
+@settings(max_examples=60, deadline=None)
+@given(loaded=st.sets(st.sampled_from(IDS)), asked=st.lists(st.sampled_from(IDS), unique=True))
+def test_a_probe_answers_as_the_store_whatever_was_read_ahead(stored: Any, loaded: set[str], asked: list[str]) -> None:
+    read = ahead.ReadAhead(stored)
+    found = read.load("external_ids", "external_id", pl.Series(sorted(loaded), dtype=pl.String))
+    read.load("attributes", "service_id", found["service_id"])
+    ids = pl.Series("external_id", asked, pl.String)
+    assert _sorted(read.probe("external_ids", "external_id", ids)).equals(
+        _sorted(stored.probe("external_ids", "external_id", ids)))
+    sids = stored.probe("external_ids", "external_id", ids)["service_id"]
+    assert _sorted(read.probe("attributes", "service_id", sids)).equals(
+        _sorted(stored.probe("attributes", "service_id", sids)))
 
 
 # passes of two requests; increments need the stored values; a merge and an export between
