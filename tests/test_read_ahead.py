@@ -62,7 +62,7 @@ def test_a_probe_of_rows_read_ahead_answers_as_the_store(tmp_path: Path, asked: 
 
 @pytest.fixture(scope="module")
 def stored(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    """A snapshot of 12 users over two runs: some attributes set, changed, removed in the second;
+    """A snapshot of 12 users over two runs, the second removing an attribute and setting another;
     one user deleted."""
     ws = open_ws(tmp_path_factory.mktemp("ahead"))
     _users(ws, 12)
