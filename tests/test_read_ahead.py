@@ -215,3 +215,31 @@ def test_a_failed_read_ahead_fails_its_batch_and_leaves_the_store_as_it_was(
     assert ws.call("POST", "/users/export/ids", export).body["users"][0]["custom_attributes"]["n"] == 1
     assert [r.status for r in ws.apply(batch)] == [201] * 6
     assert ws.call("POST", "/users/export/ids", export).body["users"][0]["custom_attributes"]["n"] == 2
+
+
+def test_a_window_names_about_as_many_users_as_hold_read_ahead_max_rows(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rows read ahead are held until their window's passes are done: a window ends once its
+    users hold about `READ_AHEAD_MAX_ROWS` attribute rows (here 2 users of 2 rows each, the
+    text searched a request at a time), and the batch answers and ends as before."""
+    monkeypatch.setattr(workspace, "TRACK_RUN_MAX", 2)
+    monkeypatch.setattr(workspace, "READ_AHEAD_CHUNK_BYTES", 1)
+    monkeypatch.setattr(workspace, "READ_AHEAD_MAX_ROWS", 4)
+    loads: list[int] = []
+    load = ahead.ReadAhead.load
+
+    def counted(self: ahead.ReadAhead, name: str, column: str, values: pl.Series) -> pl.DataFrame:
+        if name == "external_ids":
+            loads.append(values.len())
+        return load(self, name, column, values)
+
+    monkeypatch.setattr(ahead.ReadAhead, "load", counted)
+    batch = [post_track(attributes=[{"external_id": f"u{i}", "n": {"inc": 1}}]) for i in range(10)]
+    results = {}
+    for reads_ahead in (True, False):
+        monkeypatch.setattr(workspace, "READ_AHEAD_MIN_ROWS", 0 if reads_ahead else 10**12)
+        ws = open_ws(tmp_path, f"ahead-{reads_ahead}")
+        _users(ws, 10)
+        results[reads_ahead] = ws.apply(copy.deepcopy(batch)), final_state(ws)
+    assert results[True] == results[False]
+    assert len(loads) >= 3 and max(loads) <= 3  # the full pass's 2 users and 1 more a window

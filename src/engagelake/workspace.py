@@ -123,6 +123,10 @@ READ_AHEAD_CHUNK_BYTES = 16 << 20
 # 2.7 against 3.2 GiB; into 1M users (3M rows), where a pass decodes the whole table in 190 ms,
 # 0.98x the time for 160 MiB more at the peak: not worth it there
 READ_AHEAD_MIN_ROWS = 8_000_000
+# ... and no more users than hold about this many attribute rows, as the store's rows a profile
+# average (a profile of many attributes makes a window of fewer requests): the rows read ahead
+# are held until the window's passes are done (1.75M rows for 583k users at 10M)
+READ_AHEAD_MAX_ROWS = 4_000_000
 # Endpoints the workspace runs itself: track passes, export reads, identity runs.
 USER_ROUTES: dict[str, dict[str, str]] = {
     "/users/track": {"POST": "track"},
@@ -290,12 +294,14 @@ class _Ahead:
         """Whether request `i` was read ahead already."""
         return i < self.until
 
-    def external_ids(self, texts: list[str]) -> pl.Series | None:
+    def external_ids(self, texts: list[str], most: int) -> pl.Series | None:
         """The external IDs named by `texts` (the full pass's) and by the track requests that
-        follow it, read ahead up to `READ_AHEAD_BYTES` of text or the next other request
-        (None: no track request follows, and the pass reads its own rows)."""
-        found, chunk, size, total = [], texts, sum(map(len, texts)), 0
-        while total < READ_AHEAD_BYTES:
+        follow it, read ahead up to `READ_AHEAD_BYTES` of text, the next other request, or a
+        chunk that brings the IDs found past `most` (None: no track request follows, and the
+        pass reads its own rows)."""
+        ids = pl.Series("external_id", [], pl.String)  # found in the chunks searched so far
+        chunk, size, total = texts, sum(map(len, texts)), 0
+        while total < READ_AHEAD_BYTES and ids.len() <= most:
             item = next(self.source, None)
             if item is None:
                 break
@@ -309,14 +315,12 @@ class _Ahead:
             size += len(text)
             total += len(text)
             if size >= READ_AHEAD_CHUNK_BYTES:
-                found.append(named_external_ids(chunk))
+                ids = pl.concat([ids, named_external_ids(chunk)]).unique()
                 chunk, size = [], 0
         self.until = self.read
         if total == 0:
             return None
-        if chunk:
-            found.append(named_external_ids(chunk))
-        return pl.concat(found).unique()
+        return pl.concat([ids, named_external_ids(chunk)]).unique() if chunk else ids
 
 
 def _routed(request: Any) -> Routed:
@@ -591,10 +595,13 @@ class _Batch:
         if self.stages is not None:
             self.stages.remove()
 
-    def reads_ahead(self) -> bool:
-        """Whether a full pass reads its batch's users' rows ahead: where each pass would read
-        most of a big attributes table again (`READ_AHEAD_MIN_ROWS`)."""
-        return self.stored is not None and self.stored.rows("attributes") >= READ_AHEAD_MIN_ROWS
+    def reads_ahead(self) -> int:
+        """How many users a full pass may read ahead the rows of (0: none): where each pass
+        would read most of a big attributes table again (`READ_AHEAD_MIN_ROWS`), as many as
+        hold about `READ_AHEAD_MAX_ROWS` of its rows."""
+        if self.stored is None or (rows := self.stored.rows("attributes")) < READ_AHEAD_MIN_ROWS:
+            return 0
+        return READ_AHEAD_MAX_ROWS * max(self.stored.rows("profiles"), 1) // rows
 
     def read_ahead(self, external_ids: pl.Series) -> None:
         """Read the stored rows of the users `external_ids` name, for the passes to come: their
@@ -857,8 +864,8 @@ class Workspace:
             if isinstance(endpoint, str) and endpoint != "export":
                 batch.add(i, endpoint, text)
                 if endpoint == "track" and len(batch.pending) == TRACK_RUN_MAX and not requests.covers(i) \
-                        and batch.reads_ahead():
-                    named = requests.external_ids([t for _, t in batch.pending])
+                        and (users := batch.reads_ahead()):
+                    named = requests.external_ids([t for _, t in batch.pending], users)
                     if named is not None:
                         batch.read_ahead(named)
                 continue
