@@ -601,7 +601,7 @@ class _Batch:
         hold about `READ_AHEAD_MAX_ROWS` of its rows."""
         if self.stored is None or (rows := self.stored.rows("attributes")) < READ_AHEAD_MIN_ROWS:
             return 0
-        return READ_AHEAD_MAX_ROWS * max(self.stored.rows("profiles"), 1) // rows
+        return READ_AHEAD_MAX_ROWS * max(self.stored.rows("profiles"), 1) // max(rows, 1)
 
     def read_ahead(self, external_ids: pl.Series) -> None:
         """Read the stored rows of the users `external_ids` name, for the passes to come: their
