@@ -248,12 +248,10 @@ class _Seen:
         return self.file.read(length).decode()
 
     def replay(self) -> Iterator[Routed]:
-        for item in list(self.kept):
-            endpoint, second, third = item
+        for n, item in enumerate(list(self.kept)):
+            endpoint, second, _ = item
             if isinstance(second, int):
-                assert isinstance(third, int)
-                self.file.seek(second)
-                yield endpoint, None, self.file.read(third).decode()
+                yield endpoint, None, self.text(n)
             else:
                 yield item  # type: ignore[misc]
 
