@@ -63,7 +63,7 @@ from engagelake import Workspace  # noqa: E402
 PREFECT_FILES = {"tests/test_cli.py", "tests/test_deployments.py", "tests/test_flows.py"}
 # the units of the default run that take longest, longest first (`--durations=0`, summed per file)
 LONGEST_FIRST = (
-    "prefect", "tests/test_merge.py", "tests/test_track_fatal.py", "tests/test_forget_check.py",
+    "prefect", "tests/test_object_storage.py", "tests/test_merge.py", "tests/test_track_fatal.py", "tests/test_forget_check.py",
     "tests/test_track_attributes.py", "tests/test_track_identifiers.py", "tests/test_api_server.py",
     "tests/test_merging.py", "tests/test_partial_rows.py", "tests/test_store.py",
     "tests/test_apply_equals_call.py", "tests/test_out_of_core.py", "tests/test_identify.py",

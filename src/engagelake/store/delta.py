@@ -48,8 +48,9 @@ import pyarrow.parquet as pq
 from deltalake import ColumnProperties, DeltaTable, WriterProperties, write_deltalake
 
 from engagelake.errors import NotAStore, StaleStoreError, StoreDamaged, StoreError, StoreReadOnly
-from engagelake.store import appends, merging, records
+from engagelake.store import appends, merging, objects, records
 from engagelake.store.footers import index_path, prune_indexes
+from engagelake.store.lease import Lease
 from engagelake.store.runs import (
     FILE_STATS_MAX_VALUES,
     ROW_GROUP_ROWS,
@@ -392,6 +393,8 @@ class DeltaStore:
         folder) create one, or with `create=False` raise NotAStore."""
         self.uri = str(uri)
         self.local = "://" not in self.uri  # a folder: file locks, markers and footer indexes work
+        # on object storage, writers take turns through a lease (`store/lease.py`)
+        self._lease = None if self.local else Lease(self.uri)
         self.footers = FooterCache(root=self.uri if self.local else None)
         self.memory_limit = memory_limit
         self.merge_trigger = int(os.environ.get(MERGE_ENV) or merging.MERGE_TRIGGER)
@@ -516,6 +519,8 @@ class DeltaStore:
         """Append one ledger row; returns the ledger version it made (None when creating).
         Responses are stored for a keyed batch only (nothing else can ask for them again),
         with the users they concern (`subjects`)."""
+        if self._lease is not None and not create:
+            self._lease.check()  # a writer whose turn ended must not publish
         keyed = key is not None
         row = pl.DataFrame(
             {
@@ -642,7 +647,7 @@ class DeltaStore:
         for path, file_max in newest.iter_rows():  # a few files, a few row groups: the newest content row is near
             if content is not None and file_max <= content:
                 break
-            file = pq.ParquetFile(uris[_file_name(path)])
+            file = pq.ParquetFile(objects.open_input(uris[_file_name(path)]))
             names = file.schema_arrow.names
             for group, group_max in _groups_newest_first(file, "batch_no"):
                 if content is not None and group_max is not None and group_max <= content:
@@ -660,6 +665,8 @@ class DeltaStore:
         no live writer is mid-commit. A dead compaction is rolled forward instead (it changed
         no content; its old files are gone)."""
         head = head or self.head
+        if self._lease is not None and self._lease.clean_before:
+            return  # the writer before this lease finished cleanly: nothing to roll back
         if self._compacting():
             # an index the head does not name yet may be half built: it stays unpublished (and
             # probes scan its column) until the next compaction builds it whole
@@ -698,10 +705,14 @@ class DeltaStore:
 
     @contextmanager
     def _writer_lock(self) -> Iterator[None]:
-        """One writer at a time (an advisory lock file; local stores only). A thread inside
-        `exclusive` holds it already."""
-        if not self.local or self._exclusive_owner == threading.get_ident():
+        """One writer at a time: an advisory lock file in a local folder, a lease on object
+        storage (`store/lease.py`). A thread inside `exclusive` holds it already."""
+        if self._exclusive_owner == threading.get_ident():
             yield
+            return
+        if self._lease is not None:
+            with self._lease.held(None):  # a dead holder's lease ends on its own
+                yield
             return
         with writer_lock(Path(self.uri)):
             yield
@@ -711,14 +722,10 @@ class DeltaStore:
         """Hold the writer lock for a whole batch, its reads and its commit, so that no other
         writer commits in between: a batch that another writer overtook runs again inside,
         and cannot be overtaken twice. Waits up to `timeout` seconds for the lock (polling,
-        with jitter), then raises `StoreError`. A store without a writer lock (object storage)
-        is not locked: the caller retries."""
-        if not self.local:
-            yield
-            return
+        with jitter), then raises `StoreError`. On object storage the lock is the store's lease."""
         # a run merge takes the lock too: joining one while holding the lock would never end
         self.wait_for_merges()
-        with writer_lock(Path(self.uri), timeout):
+        with self._lease.held(timeout) if self._lease is not None else writer_lock(Path(self.uri), timeout):
             self._exclusive_owner = threading.get_ident()
             try:
                 yield

@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pyarrow._parquet import ParquetReader
 
-from engagelake.store import membership, records
+from engagelake.store import membership, objects, records
 
 MAGIC = b"PAR1"
 # compact-protocol field headers: (field id delta << 4) | type
@@ -85,7 +85,7 @@ class Footer:
         local = groups if self.parsed is not None else list(range(len(groups)))
         leaves = self.leaves(metadata)
         reader = ParquetReader()
-        reader.open(self.path, metadata=metadata, pre_buffer=False)
+        reader.open(_source(self.path), metadata=metadata, pre_buffer=False)
         wanted = list(leaves) if columns is None else columns
         held = held_columns(metadata, local, [c for c in wanted if c in leaves], key, leaves)
         return reader.read_row_groups(local, column_indices=[i for c in held for i in leaves[c] if i != NESTED],
@@ -110,24 +110,29 @@ class Footer:
     def metadata(self, groups: list[int]) -> pq.FileMetaData:
         """A footer of the file's `groups` only (in that order)."""
         assert self.entries is not None
-        fd = os.open(self.path, os.O_RDONLY)  # entries are read when needed: they are most of the footer
-        try:
-            picked = [os.pread(fd, end - start, start) for start, end in self.entries[groups].tolist()]
-        finally:
-            os.close(fd)
+        spans = self.entries[groups].tolist()  # entries are read when needed: they are most of the footer
+        if objects.is_remote(self.path):
+            with objects.open_input(self.path) as f:
+                picked = [f.read_at(end - start, start) for start, end in spans]
+        else:
+            fd = os.open(self.path, os.O_RDONLY)
+            try:
+                picked = [os.pread(fd, end - start, start) for start, end in spans]
+            finally:
+                os.close(fd)
         return _parse(b"".join((self.head, _list_header(len(groups)), *picked, self.tail)))
 
 
 def read_footer(path: str) -> tuple[Footer, pq.FileMetaData]:
     """The footer of a data file, and its whole parsed form (for what a reader derives once,
     such as fences; not kept)."""
-    with open(path, "rb") as f:
-        f.seek(-8, 2)
-        length, magic = struct.unpack("<I4s", f.read(8))
+    with objects.open_input(path) as f:
+        end = f.size()
+        length, magic = struct.unpack("<I4s", f.read_at(8, end - 8)) if end >= 8 else (0, b"")
         if magic != MAGIC:
             raise pa.ArrowInvalid(f"{path} is not a Parquet file (no {MAGIC!r} at its end)")  # a ValueError
-        offset = f.seek(-8 - length, 2)
-        raw = f.read(length)
+        offset = end - 8 - length
+        raw = f.read_at(length, offset)
     metadata = _parse(raw)
     rows = np.array([metadata.row_group(g).num_rows for g in range(metadata.num_row_groups)], dtype=np.int64)
     footer = _entries(path, raw, offset, metadata, rows)
@@ -227,7 +232,12 @@ def _parse(body: bytes) -> pq.FileMetaData:
 def _file(path: str, metadata: pq.FileMetaData) -> pq.ParquetFile:
     """Without pre-buffering: coalescing a local file's column chunks through the I/O pool cost
     20-30% of a point read (object storage would want it back)."""
-    return pq.ParquetFile(path, metadata=metadata, pre_buffer=False)
+    return pq.ParquetFile(_source(path), metadata=metadata, pre_buffer=False)
+
+
+def _source(path: str) -> str | pa.NativeFile:
+    """What pyarrow's reader opens: a local path as it is, an object through its file system."""
+    return objects.open_input(path) if objects.is_remote(path) else path
 
 
 def _list_header(size: int) -> bytes:

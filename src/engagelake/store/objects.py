@@ -1,0 +1,54 @@
+"""Data files wherever the store is: a local folder, or object storage (`s3://bucket/prefix`).
+
+The store's tables are Delta tables, which delta-rs reads and writes on either. The engine's
+own readers (footers, point reads of row groups, the ledger's newest rows) open files through
+here: a local path as a file, a URI through pyarrow's file system for its scheme. Credentials,
+region and endpoint come from the environment, as delta-rs and Polars take them
+(`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_REGION`, `AWS_ENDPOINT_URL`; `docs/object-storage.md`).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import threading
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+
+_lock = threading.Lock()
+
+
+def is_remote(path: str) -> bool:
+    """Whether `path` is a URI (object storage) rather than a local path."""
+    return "://" in path and not path.startswith("file://")
+
+
+def open_input(path: str) -> pa.NativeFile:
+    """`path` open for random reads (`read_at`, `size`): a local file or an object."""
+    if not is_remote(path):
+        return pa.OSFile(path.removeprefix("file://"))
+    filesystem, key = _resolve(path)
+    return filesystem.open_input_file(key)
+
+
+def size(path: str) -> int:
+    """The size of the file or object at `path`, in bytes."""
+    if not is_remote(path):
+        return os.path.getsize(path.removeprefix("file://"))
+    filesystem, key = _resolve(path)
+    return int(filesystem.get_file_info(key).size)
+
+
+def _resolve(uri: str) -> tuple[pafs.FileSystem, str]:
+    scheme, rest = uri.split("://", 1)
+    bucket, _, key = rest.partition("/")
+    return _filesystem(scheme, bucket), f"{bucket}/{key}"
+
+
+@functools.cache
+def _filesystem(scheme: str, bucket: str) -> pafs.FileSystem:
+    """One file system per bucket (resolving one asks the bucket's region)."""
+    with _lock:
+        filesystem, _ = pafs.FileSystem.from_uri(f"{scheme}://{bucket}/")
+    return filesystem

@@ -1,0 +1,254 @@
+"""A store on object storage (`s3://bucket/prefix`) answers exactly as a local one.
+
+The S3 server is moto's, started for real as a process of its own on the loopback (delta-rs
+holds the GIL while it waits on a request: a server in a thread of this process would never
+answer). Credentials, region and endpoint reach delta-rs, Polars and pyarrow through the
+environment, as they would on a worker (`docs/object-storage.md`).
+"""
+
+from __future__ import annotations
+
+import copy
+import multiprocessing
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given
+from tests.helpers import export_one, unpinned
+from tests.test_model_property import (
+    IDENTITY_SEQUENCES,
+    SEED,
+    TRICKY_SEQUENCES,
+    assert_same,
+    clock,
+    describe,
+    engine_settings,
+    request_sequences,
+    response_pair,
+    run_model,
+)
+
+from engagelake import Workspace
+from engagelake.errors import IdempotencyKeyReused, StoreError
+from engagelake.store import lease
+from engagelake.store.delta import DeltaStore
+from engagelake.store.lease import Lease
+
+BUCKET = "engagelake-tests"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def s3() -> Iterator[Callable[[], str]]:
+    """A moto S3 server with one bucket, the environment pointing at it; gives a new store URI
+    (a prefix of its own) per call."""
+    port = _free_port()
+    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    endpoint = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(300):
+            try:
+                urllib.request.urlopen(f"{endpoint}/moto-api/", timeout=1)
+                break
+            except OSError:
+                time.sleep(0.05)
+        else:
+            raise RuntimeError("moto's S3 server did not start")
+        with pytest.MonkeyPatch.context() as env:
+            for name, value in {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "testing",
+                                "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-east-1",
+                                "AWS_DEFAULT_REGION": "us-east-1", "AWS_ALLOW_HTTP": "true"}.items():
+                env.setenv(name, value)
+            import boto3
+
+            boto3.client("s3").create_bucket(Bucket=BUCKET)
+            yield lambda: f"s3://{BUCKET}/{uuid.uuid4().hex}"
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+
+
+def open_s3(uri: str) -> Workspace:
+    return Workspace.open(uri, clock=clock, seed=SEED)
+
+
+def check_against_model(ws: Workspace, reqs: list[dict], *, one_by_one: bool) -> None:
+    model, want = run_model(reqs)
+    if one_by_one:
+        got = [ws.call(r["method"], r["path"], body=copy.deepcopy(r["body"])) for r in reqs]
+    else:
+        got = ws.apply(copy.deepcopy(reqs))
+    for i, (g, w) in enumerate(zip(got, want, strict=True)):
+        assert_same(response_pair(g), w, f"response to request {i}")
+    assert_same(ws.export_users(), model.export_users(), "final export_users()")
+
+
+# every sequence in the slow run, a few of them in the default one (a store on S3 takes about
+# 1.7 s to create against moto's server)
+@pytest.mark.parametrize("sequence", [pytest.param(i, marks=() if i % 4 == 0 else pytest.mark.slow)
+                                      for i in range(len(IDENTITY_SEQUENCES + TRICKY_SEQUENCES))])
+def test_fixed_sequences_on_s3_answer_as_the_model(s3: Callable[[], str], sequence: int) -> None:
+    """Merges, identify, renames, aliases, deletes and track requests that meet on the same
+    users, as one batch or one call at a time, into a store on S3: every response and the
+    final export as the model's."""
+    reqs = (IDENTITY_SEQUENCES + TRICKY_SEQUENCES)[sequence]
+    check_against_model(open_s3(s3()), reqs, one_by_one=(sequence // 4 + sequence) % 2 == 1)
+
+
+@pytest.mark.slow
+@engine_settings(8)
+@given(reqs=request_sequences)
+def test_random_sequences_on_s3_answer_as_the_model(s3: Callable[[], str], reqs: list[dict]) -> None:
+    describe(reqs)
+    check_against_model(open_s3(s3()), reqs, one_by_one=False)
+
+
+BATCH = [
+    {"method": "POST", "path": "/users/track",
+     "body": {"attributes": [{"external_id": f"u{i}", "email": f"u{i}@example.com", "visits": {"inc": i}}
+                             for i in range(5)],
+              "events": [{"external_id": "u1", "name": "open", "time": "2026-01-01T00:00:00Z"}]}},
+    {"method": "POST", "path": "/users/merge",
+     "body": {"merge_updates": [{"identifier_to_merge": {"external_id": "u2"},
+                                 "identifier_to_keep": {"external_id": "u1"}}]}},
+]
+EXPORT = {"external_ids": ["u1", "u2", "u3"], "fields_to_export": ["external_id", "email", "custom_attributes"]}
+
+
+def test_a_new_process_sees_the_store_and_replays_a_keyed_batch(s3: Callable[[], str], tmp_path: Path) -> None:
+    uri = s3()
+    first = open_s3(uri).apply(copy.deepcopy(BATCH), idempotency_key="nightly-1")
+    local = Workspace.open(tmp_path / "store", clock=clock, seed=SEED)
+    assert first == local.apply(copy.deepcopy(BATCH), idempotency_key="nightly-1")
+    assert [r.status for r in first] == [201, 202]
+
+    again = open_s3(uri)  # as a new process would: nothing kept from the first
+    assert again.apply(copy.deepcopy(BATCH), idempotency_key="nightly-1") == first
+    assert again.batch_committed_at("nightly-1") is not None
+    with pytest.raises(IdempotencyKeyReused):
+        again.apply([BATCH[0]], idempotency_key="nightly-1")
+    exported = again.call("POST", "/users/export/ids", EXPORT)
+    assert exported.status == 200 and len(exported.body["users"]) == 2
+    assert exported == local.call("POST", "/users/export/ids", EXPORT)
+    assert_same(again.export_users(), local.export_users(), "every user")
+
+
+def test_readers_of_a_store_on_s3_see_current_rows(s3: Callable[[], str], tmp_path: Path) -> None:
+    stores = [open_s3(s3()), Workspace.open(tmp_path / "store", clock=clock, seed=SEED)]
+    for ws in stores:
+        ws.call("POST", "/users/track", {"attributes": [{"external_id": "a", "plan": "free"}, {"external_id": "b"}]})
+        ws.call("POST", "/users/track", {"attributes": [{"external_id": "a", "plan": "pro"}]})
+    for name in ("attributes", "external_ids", "profiles"):
+        on_s3, local = (ws.table(name).collect().sort("service_id", maintain_order=True).to_dicts() for ws in stores)
+        assert on_s3 == local, name
+    assert stores[0].table("attributes").collect()["value"].to_list() == ['"pro"']
+
+
+def test_compaction_of_a_store_on_s3_says_it_needs_a_local_one(s3: Callable[[], str]) -> None:
+    ws = open_s3(s3())
+    ws.call("POST", "/users/track", {"attributes": [{"external_id": "a", "plan": "free"}]})
+    with pytest.raises(StoreError, match="compaction needs a local store"):
+        ws.compact()
+
+
+# --- writers take turns through the lease (`store/lease.py`) ---------------------------------
+def test_writers_take_turns_through_the_lease(s3: Callable[[], str]) -> None:
+    uri = s3()
+    a, b = Lease(uri), Lease(uri)
+    a.acquire(None)
+    with pytest.raises(StoreError, match="another writer held"):
+        b.acquire(0.3)
+    a.release(clean=True)
+    b.acquire(1.0)
+    assert b.clean_before  # the writer before finished: nothing to roll back
+    b.release(clean=False)
+    a.acquire(1.0)
+    assert not a.clean_before  # ... or it may have left table versions no ledger row names
+    a.release(clean=True)
+
+
+def test_a_lease_not_renewed_ends_and_its_holder_may_not_publish(s3: Callable[[], str],
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(lease, "LEASE_S", 0.5)
+    monkeypatch.setattr(lease, "RENEW_EVERY_S", 1.5)  # too late: a process paused past its lease
+    uri = s3()
+    paused, other = Lease(uri), Lease(uri)
+    paused.acquire(None)
+    other.acquire(5.0)  # once the lease has ended
+    assert not other.clean_before
+    time.sleep(2.0)  # the paused holder wakes, and finds its turn gone
+    with pytest.raises(StoreError, match="lost its turn"):
+        paused.check()
+    paused.release(clean=True)  # gives back nothing: the lease is the other's
+    other.release(clean=True)
+    after = Lease(uri)
+    after.acquire(1.0)
+    assert after.clean_before  # the paused holder's release did not count
+    after.release(clean=True)
+
+
+def test_a_commit_that_fails_midway_on_s3_is_rolled_back_by_the_next_writer(
+        s3: Callable[[], str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tables written, then the ledger row fails: the batch is not applied, the lease goes back
+    marked unclean, and the next batch rolls the tables back before it writes."""
+    uri = s3()
+    ws, local = open_s3(uri), Workspace.open(tmp_path / "store", clock=clock, seed=SEED)
+    first = {"attributes": [{"external_id": "a", "plan": "free"}]}
+    lost = {"attributes": [{"external_id": "a", "plan": "lost"}, {"external_id": "ghost"}]}
+    then = {"attributes": [{"external_id": "b", "plan": "pro"}]}
+    assert ws.call("POST", "/users/track", first).status == 201
+    local.call("POST", "/users/track", first)
+    real = DeltaStore._append_ledger
+
+    def fail_batches(self: DeltaStore, batch_no: int, *args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("kind") == "batch":
+            raise OSError("the ledger could not be written")
+        return real(self, batch_no, *args, **kwargs)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(DeltaStore, "_append_ledger", fail_batches)
+        with pytest.raises(OSError, match="ledger could not be written"):
+            ws.call("POST", "/users/track", lost)
+    assert ws.call("POST", "/users/track", then).status == 201
+    local.call("POST", "/users/track", then)
+    for reader in (ws, open_s3(uri)):
+        assert_same(reader.export_users(), local.export_users(), "every user")
+
+
+@pytest.mark.slow
+def test_writer_processes_on_s3_all_commit_and_lose_no_update(s3: Callable[[], str]) -> None:
+    uri = s3()
+    ws = open_s3(uri)
+    assert ws.call("POST", "/users/track", {"attributes": [{"external_id": "shared", "count": 0}]}).status == 201
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(3, mp_context=context, initializer=unpinned) as pool:
+        statuses = [s for f in [pool.submit(_writer, uri, w) for w in range(3)] for s in f.result(timeout=600)]
+    assert statuses == [201] * 3 * WRITER_BATCHES
+    user = export_one(open_s3(uri), "shared", ["custom_attributes"])
+    assert user is not None and user["custom_attributes"]["count"] == 3 * WRITER_BATCHES
+    assert len(open_s3(uri).export_users(["external_id"])) == 1 + 3 * WRITER_BATCHES
+
+
+WRITER_BATCHES = 4
+
+
+def _writer(uri: str, writer: int) -> list[int]:
+    ws = Workspace.open(uri, seed=SEED)
+    return [ws.call("POST", "/users/track", {"attributes": [{"external_id": "shared", "count": {"inc": 1}},
+                                                            {"external_id": f"w{writer}-{n}"}]}).status
+            for n in range(WRITER_BATCHES)]
