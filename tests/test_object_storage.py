@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import multiprocessing
+import signal
 import socket
 import subprocess
 import sys
@@ -23,6 +24,16 @@ from typing import Any
 
 import pytest
 from hypothesis import given
+from tests.crash_worker import (
+    BATCH_1,
+    BATCH_2,
+    KEY_1,
+    KEY_2,
+    WRITTEN,
+    open_store,
+    run_worker,
+    snapshot,
+)
 from tests.helpers import export_one, unpinned
 from tests.test_model_property import (
     IDENTITY_SEQUENCES,
@@ -252,3 +263,53 @@ def _writer(uri: str, writer: int) -> list[int]:
     return [ws.call("POST", "/users/track", {"attributes": [{"external_id": "shared", "count": {"inc": 1}},
                                                             {"external_id": f"w{writer}-{n}"}]}).status
             for n in range(WRITER_BATCHES)]
+
+
+# --- a writer killed mid-commit (kill -9 at each stage of the commit protocol) ----------------
+@pytest.mark.slow
+# (every point of the protocol is killed at on a local store: tests/test_store_crash.py)
+@pytest.mark.parametrize("point", [f"after_table:{WRITTEN[len(WRITTEN) // 2]}", "before_ledger", "after_ledger"])
+def test_a_writer_killed_mid_commit_on_s3_loses_nothing(s3: Callable[[], str], tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch, point: str) -> None:
+    """The dead writer's lease ends (here after 3 s), the next writer rolls back what it left,
+    and the store reads as before the batch (or as after it, once its ledger row was written);
+    the batch run again under its key ends as a run that never crashed."""
+    monkeypatch.setenv("ENGAGELAKE_LEASE_S", "3")  # the child's
+    monkeypatch.setattr(lease, "LEASE_S", 3.0)
+    monkeypatch.setattr(lease, "RENEW_EVERY_S", 0.75)
+    reference = open_store(tmp_path / "reference")
+    reference.apply(BATCH_1, idempotency_key=KEY_1)
+    before = snapshot(reference)
+    uri = s3()
+    assert [r.status for r in open_store(uri).apply(BATCH_1, idempotency_key=KEY_1)] == [201]
+    proc = run_worker(uri, point)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
+
+    after_crash = open_store(uri)
+    if point == "after_ledger":
+        assert after_crash.batch_committed_at(KEY_2) is not None
+    else:
+        assert_same(snapshot(after_crash)["export"], before["export"], "the store after the crash")
+    want = reference.apply(BATCH_2, idempotency_key=KEY_2)
+    assert after_crash.apply(BATCH_2, idempotency_key=KEY_2) == want  # run again (or replayed)
+    got, full = snapshot(open_store(uri)), snapshot(reference)
+    assert_same(got["export"], full["export"], "the store after the batch ran again")
+    assert got["head"] == full["head"]
+    assert {name: rows for name, (_, _, rows) in got["tables"].items()} == \
+        {name: rows for name, (_, _, rows) in full["tables"].items()}
+
+
+def _open_and_track(uri: str, n: int) -> int:
+    return Workspace.open(uri, seed=SEED).call("POST", "/users/track", {"attributes": [{"external_id": f"p{n}"}]}).status
+
+
+@pytest.mark.slow
+def test_processes_opening_one_new_store_on_s3_make_one_store(s3: Callable[[], str]) -> None:
+    """Processes that open one new store at about the same time: the first creates it, under
+    the lease, and the others find it made."""
+    uri = s3()
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(3, mp_context=context, initializer=unpinned) as pool:
+        statuses = list(pool.map(_open_and_track, [uri] * 3, range(3), timeout=600))
+    assert statuses == [201] * 3
+    assert sorted(u["external_id"] for u in open_s3(uri).export_users(["external_id"])) == ["p0", "p1", "p2"]

@@ -402,7 +402,12 @@ class DeltaStore:
             if not create:
                 raise NotAStore(f"no store at {self.uri}: pass the folder of a store (`Workspace.create` or "
                                 "`engagelake demo`/`apply` make one)")
-            self._create(seed or uuid.uuid4().hex)
+            if self._lease is None:
+                self._create(seed or uuid.uuid4().hex)
+            else:  # writers that open one new store at once: the first creates it, under the lease
+                with self._lease.held(None):
+                    if store_state(self.uri) == "new":
+                        self._create(seed or uuid.uuid4().hex)
         elif self.local and (Path(self.uri) / CREATING).exists():
             self._end_creation()  # the ledger landed: the store is whole
         self._ledger_table: DeltaTable | None = None

@@ -18,6 +18,7 @@ the lease) must not publish: `check` raises before the ledger row is written.
 
 from __future__ import annotations
 
+import os
 import random
 import threading
 import time
@@ -33,7 +34,9 @@ from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundErr
 from engagelake.errors import StoreError
 
 LEASE = "_writer_lease"  # the table, beside the store's tables
-LEASE_S = 60.0  # how long a lease lasts unless renewed
+# how long a lease lasts unless renewed: a writer that died holding it delays the next one by
+# as much (`ENGAGELAKE_LEASE_S`; shorter fails over sooner, but a holder must renew in time)
+LEASE_S = float(os.environ.get("ENGAGELAKE_LEASE_S") or 60.0)
 RENEW_EVERY_S = LEASE_S / 4  # a holder renews this often
 _SCHEMA = pa.schema([("holder", pa.string())])  # never holds a row: the commits' metadata says it all
 _JITTER = random.Random()
@@ -43,7 +46,8 @@ class Lease:
     """One writer's turn at a store on object storage (`acquire`, then `release`)."""
 
     def __init__(self, store_uri: str, storage_options: dict[str, str] | None = None):
-        self.uri = f"{store_uri.rstrip('/')}/{LEASE}"
+        self.store = store_uri.rstrip("/")
+        self.uri = f"{self.store}/{LEASE}"
         self.storage_options = storage_options
         self.holder = uuid.uuid4().hex  # this writer, in the commits' metadata
         self._table: DeltaTable | None = None
@@ -53,18 +57,26 @@ class Lease:
         self._stop = threading.Event()
         self._renewer: threading.Thread | None = None
         self._lock = threading.Lock()  # one commit of ours at a time (the renewer's, or ours)
+        self._turn = threading.Lock()  # one thread of this process holds the lease at a time
 
     @contextmanager
     def held(self, timeout: float | None) -> Iterator[None]:
         """The lease for the block; given back as clean unless the block raised (it may have
-        written table versions that no ledger row names)."""
-        self.acquire(timeout)
+        written table versions that no ledger row names). Threads of this process take turns
+        first (a batch's commit and a run merge after the last one)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        if not self._turn.acquire(timeout=-1 if timeout is None else timeout):
+            raise self._busy(timeout)
         try:
-            yield
-        except BaseException:
-            self.release(clean=False)
-            raise
-        self.release(clean=True)
+            self.acquire(None if deadline is None else max(deadline - time.monotonic(), 0.0))
+            try:
+                yield
+            except BaseException:
+                self.release(clean=False)
+                raise
+            self.release(clean=True)
+        finally:
+            self._turn.release()
 
     def acquire(self, timeout: float | None) -> None:
         """Wait for the lease (polling, with jitter) and take it; after `timeout` seconds
@@ -80,13 +92,16 @@ class Lease:
                     self.clean_before = state is not None and state["op"] == "release" and state.get("clean") == "1"
                     break
             if deadline is not None and time.monotonic() >= deadline:
-                raise StoreError(f"another writer held the store at {self.uri.removesuffix('/' + LEASE)} for more "
-                                 f"than {timeout:.0f} s; retry later, or open the workspace with a longer retry_for")
+                raise self._busy(timeout)
             time.sleep(_JITTER.uniform(0.02, 0.1))
         self._held, self._lost = True, None
         self._stop.clear()
         self._renewer = threading.Thread(target=self._renew, name="engagelake-lease", daemon=True)
         self._renewer.start()
+
+    def _busy(self, timeout: float | None) -> StoreError:
+        return StoreError(f"another writer held the store at {self.store} for more than {timeout or 0:.0f} s; "
+                          "retry later, or open the workspace with a longer retry_for")
 
     def check(self) -> None:
         """Raise StoreError if the lease was lost while held: the caller must not publish."""
@@ -107,8 +122,13 @@ class Lease:
 
     def _renew(self) -> None:
         while not self._stop.wait(RENEW_EVERY_S):
-            table = self._load()
-            if not _mine(_state(table), self.holder) or not self._commit(table, "renew"):
+            try:
+                table = self._load()
+                renewed = _mine(_state(table), self.holder) and self._commit(table, "renew")
+            except Exception as error:  # noqa: BLE001 - the store unreachable: the lease may end
+                self._lost = f"its lease could not be renewed: {type(error).__name__}: {error}"
+                return
+            if not renewed:
                 self._lost = "its lease was taken by another writer after it ended"
                 return
 
