@@ -29,7 +29,7 @@ from flows.track_batch import (
     track_batch,
 )
 
-pytest_plugins = ["tests.prefect_harness"]
+pytest_plugins = ["tests.prefect_harness", "tests.s3_server"]
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
 NOW = datetime(2026, 11, 22, tzinfo=UTC)
@@ -497,3 +497,23 @@ def test_compaction_cleanup_and_exports_record_their_figures(tmp_path: Path, fou
     [note] = artifacts_of(everyone, "export-all")
     assert note.data.startswith(f"Exported **4** users from `{four_users}` in ")
     assert f"- `{tmp_path / 'all' / 'users.parquet'}`" in note.data
+
+
+def test_the_flows_run_unchanged_on_a_store_on_s3(first_run: tuple[Path, list[Path], list[Any]], s3: Any,
+                                                   tmp_path: Path) -> None:
+    """`track_batch` and `export_batch` given an `s3://` store instead of a folder: the same
+    responses and the same users as on the folder (issue 13: the flows run unchanged in code)."""
+    folder, _, applied = first_run
+    uri = s3()
+    workload(tmp_path / "requests")  # the same generated requests, in a folder of their own
+    on_s3 = track_batch(str(tmp_path / "requests"), uri)
+    assert [(a.path.name, a.statuses, a.errors) for a in on_s3] == [(a.path.name, a.statuses, a.errors) for a in applied]
+    for mine, theirs in zip(sorted((tmp_path / "requests").glob("*.responses.ndjson")),
+                            sorted((folder / "requests").glob("*.responses.ndjson")), strict=True):
+        assert read_responses_file(mine) == read_responses_file(theirs)
+    fields = [f for f in EXPORT_FIELDS if f not in ("service_id", "created_at", "random_bucket")]
+    assert Workspace.open(uri).export_users(fields) == Workspace.open(folder / "store").export_users(fields)
+    ids = tmp_path / "ids.txt"
+    ids.write_text("user-000001\nuser-000002\nnobody\n")
+    result = export_batch(str(ids), str(tmp_path / "export"), uri)
+    assert result.users == 2 and result.invalid_user_ids == ["nobody"]
