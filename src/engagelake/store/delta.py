@@ -1639,7 +1639,11 @@ class Snapshot:
                 con.execute(f'CREATE OR REPLACE VIEW "{name}" AS SELECT * FROM "_empty_{name}"')
                 continue
             columns = ", ".join(f'"{c}"' for c in SCHEMAS[name])
-            raw = merging.read_files(files, partial=name in PARTIAL)
+            if self.store.local:
+                raw = merging.read_files(files, partial=name in PARTIAL)
+            else:  # object storage: scanned through pyarrow (DuckDB's own reader needs `httpfs`)
+                con.register(f"_files_{name}", objects.dataset(files, _arrow_schema(name)))
+                raw = f'"_files_{name}"'
             key = KEYS[name]
             if key is None:
                 body = f"SELECT {columns} FROM {raw} ORDER BY _batch"

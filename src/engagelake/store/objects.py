@@ -14,6 +14,7 @@ import os
 import threading
 
 import pyarrow as pa
+import pyarrow.dataset as pads
 import pyarrow.fs as pafs
 
 _lock = threading.Lock()
@@ -52,3 +53,12 @@ def _filesystem(scheme: str, bucket: str) -> pafs.FileSystem:
     with _lock:
         filesystem, _ = pafs.FileSystem.from_uri(f"{scheme}://{bucket}/")
     return filesystem
+
+
+def dataset(paths: list[str], schema: pa.Schema) -> pads.Dataset:
+    """Objects (Parquet files) as one pyarrow dataset of `schema` (a column a file lacks reads
+    as null), for DuckDB to scan where it cannot read object storage itself: its `httpfs`
+    extension is downloaded on first use, which a worker without internet cannot."""
+    filesystem, _ = _resolve(paths[0])
+    return pads.dataset([_resolve(path)[1] for path in paths], schema=schema, format="parquet",
+                        filesystem=filesystem)
