@@ -923,7 +923,7 @@ class DeltaStore:
         self._due_pending = set()
         with self._writer_lock():
             self.refresh()  # the ledger is read again only if an entry came since we looked
-            if self.head.content_batch != base:
+            if self.head.content_batch != base:  # (before anything is written: `lease.held` relies on it)
                 raise StaleStoreError(f"the store at {self.uri} changed since this batch read it")
             self._recover()
             self._write_batch(changes, key=key, responses=responses, next_profile_n=next_profile_n,

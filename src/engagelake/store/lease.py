@@ -31,7 +31,7 @@ import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 
-from engagelake.errors import StoreError
+from engagelake.errors import StaleStoreError, StoreError
 
 LEASE = "_writer_lease"  # the table, beside the store's tables
 # how long a lease lasts unless renewed: a writer that died holding it delays the next one by
@@ -71,6 +71,9 @@ class Lease:
             self.acquire(None if deadline is None else max(deadline - time.monotonic(), 0.0))
             try:
                 yield
+            except StaleStoreError:  # raised before a commit writes anything
+                self.release(clean=True)
+                raise
             except BaseException:
                 self.release(clean=False)
                 raise
