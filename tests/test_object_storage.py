@@ -125,11 +125,41 @@ def test_readers_of_a_store_on_s3_see_current_rows(s3: Callable[[], str], tmp_pa
     assert stores[0].table("attributes").collect()["value"].to_list() == ['"pro"']
 
 
-def test_compaction_of_a_store_on_s3_says_it_needs_a_local_one(s3: Callable[[], str]) -> None:
-    ws = open_s3(s3())
-    ws.call("POST", "/users/track", {"attributes": [{"external_id": "a", "plan": "free"}]})
-    with pytest.raises(StoreError, match="compaction needs a local store"):
-        ws.compact()
+def _objects_holding(uri: str, text: str) -> list[str]:
+    """The keys of the objects under the store `uri` whose bytes hold `text` (as forget-check
+    searches a folder's files)."""
+    import boto3
+
+    bucket, prefix = uri.removeprefix("s3://").split("/", 1)
+    client = boto3.client("s3")
+    keys = [o["Key"] for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix + "/")
+            for o in page.get("Contents", [])]
+    return [k for k in keys if text.encode() in client.get_object(Bucket=bucket, Key=k)["Body"].read()]
+
+
+def test_compaction_on_s3_erases_a_deleted_user_from_every_object(s3: Callable[[], str], tmp_path: Path) -> None:
+    """After a delete, the user's rows stay in older objects (behind tombstones); compaction
+    rewrites every table to its current rows and deletes the objects and log entries that held
+    them, and the store then answers as a compacted local store."""
+    uri = s3()
+    stores = [open_s3(uri), Workspace.open(tmp_path / "store", clock=clock, seed=SEED)]
+    for ws in stores:
+        ws.apply(copy.deepcopy(BATCH))
+        ws.call("POST", "/users/track", {"attributes": [{"external_id": "gone-user", "email": "gone@example.org",
+                                                         "nickname": "zebra-unicorn-17"}],
+                                          "events": [{"external_id": "gone-user", "name": "secret-event",
+                                                      "time": "2026-11-20T00:00:00Z"}]})
+        assert ws.call("POST", "/users/delete", {"external_ids": ["gone-user"]}).body["deleted"] == 1
+    secrets = ("gone-user", "gone@example.org", "zebra-unicorn-17", "secret-event")
+    for secret in secrets:  # still on disk: a delete writes tombstones (so the search finds them)
+        assert _objects_holding(uri, secret), secret
+    kept = [ws.compact() for ws in stores]
+    assert kept[0] == kept[1]
+    for secret in secrets:
+        assert _objects_holding(uri, secret) == [], secret
+    after = open_s3(uri)
+    assert_same(after.export_users(), stores[1].export_users(), "every user after compaction")
+    assert after.call("POST", "/users/track", {"attributes": [{"external_id": "u9"}]}).status == 201
 
 
 # --- writers take turns through the lease (`store/lease.py`) ---------------------------------
@@ -287,3 +317,26 @@ def test_sql_over_a_store_on_s3_reads_current_rows(s3: Callable[[], str], tmp_pa
     assert answers[0][0] == {"external_id": "u0", "events": 0, "plan": None}
     assert {"external_id": "u1", "events": 1, "plan": None} in answers[0]
     assert {"external_id": "u3", "events": 0, "plan": '"pro"'} in answers[0]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("table", ["events", "_ledger"])
+def test_a_compaction_killed_on_s3_rolls_forward_to_the_same_content(
+        s3: Callable[[], str], monkeypatch: pytest.MonkeyPatch, table: str) -> None:
+    """Killed after rewriting some tables: once its lease ends, the next reader rolls it forward
+    (its marker object says so), and the store holds what it held before."""
+    monkeypatch.setenv("ENGAGELAKE_LEASE_S", "3")  # the child's
+    monkeypatch.setattr(lease, "LEASE_S", 3.0)
+    monkeypatch.setattr(lease, "RENEW_EVERY_S", 0.75)
+    uri = s3()
+    ws = open_store(uri)
+    ws.apply(BATCH_1, idempotency_key=KEY_1)
+    ws.apply(BATCH_2, idempotency_key=KEY_2)
+    before = snapshot(open_store(uri))
+    proc = run_worker(uri, f"compact:{table}")
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
+    after = snapshot(open_store(uri))
+    assert {k: v for k, v in after.items() if k != "head"} == {k: v for k, v in before.items() if k != "head"}
+    assert not open_store(uri).store._compacting()
+    open_store(uri).compact()  # and compacting again finishes the job
+    assert snapshot(open_store(uri))["export"] == before["export"]

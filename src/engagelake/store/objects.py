@@ -9,6 +9,7 @@ region and endpoint come from the environment, as delta-rs and Polars take them
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import threading
@@ -39,6 +40,35 @@ def size(path: str) -> int:
         return os.path.getsize(path.removeprefix("file://"))
     filesystem, key = _resolve(path)
     return int(filesystem.get_file_info(key).size)
+
+
+def exists(path: str) -> bool:
+    """Whether a file or object is at `path`."""
+    if not is_remote(path):
+        return os.path.exists(path.removeprefix("file://"))
+    filesystem, key = _resolve(path)
+    return bool(filesystem.get_file_info(key).type != pafs.FileType.NotFound)
+
+
+def touch(path: str) -> None:
+    """Write an empty file or object at `path` (a marker)."""
+    if not is_remote(path):
+        open(path.removeprefix("file://"), "wb").close()
+        return
+    filesystem, key = _resolve(path)
+    with filesystem.open_output_stream(key):
+        pass
+
+
+def remove(path: str) -> None:
+    """Delete the file or object at `path`, if there is one."""
+    if not is_remote(path):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path.removeprefix("file://"))
+        return
+    filesystem, key = _resolve(path)
+    with contextlib.suppress(FileNotFoundError):
+        filesystem.delete_file(key)
 
 
 def _resolve(uri: str) -> tuple[pafs.FileSystem, str]:
