@@ -42,7 +42,7 @@ from tests.test_model_property import (
 
 from engagelake import Workspace
 from engagelake.errors import IdempotencyKeyReused, StoreError
-from engagelake.store import lease
+from engagelake.store import delta, lease, objects
 from engagelake.store.delta import DeltaStore
 from engagelake.store.lease import Lease
 
@@ -284,7 +284,8 @@ def test_a_writer_killed_mid_commit_on_s3_loses_nothing(s3: Callable[[], str], t
         {name: rows for name, (_, _, rows) in full["tables"].items()}
 
 
-def _open_and_track(uri: str, n: int) -> int:
+def _open_and_track(uri: str, n: int, start: Any) -> int:
+    start.wait()  # every process opens the new store at once
     return Workspace.open(uri, seed=SEED).call("POST", "/users/track", {"attributes": [{"external_id": f"p{n}"}]}).status
 
 
@@ -294,8 +295,9 @@ def test_processes_opening_one_new_store_on_s3_make_one_store(s3: Callable[[], s
     the lease, and the others find it made."""
     uri = s3()
     context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(3, mp_context=context, initializer=unpinned) as pool:
-        statuses = list(pool.map(_open_and_track, [uri] * 3, range(3), timeout=600))
+    with context.Manager() as manager, ProcessPoolExecutor(3, mp_context=context, initializer=unpinned) as pool:
+        start = manager.Barrier(3)
+        statuses = list(pool.map(_open_and_track, [uri] * 3, range(3), [start] * 3, timeout=600))
     assert statuses == [201] * 3
     assert sorted(u["external_id"] for u in open_s3(uri).export_users(["external_id"])) == ["p0", "p1", "p2"]
 
@@ -340,3 +342,22 @@ def test_a_compaction_killed_on_s3_rolls_forward_to_the_same_content(
     assert not open_store(uri).store._compacting()
     open_store(uri).compact()  # and compacting again finishes the job
     assert snapshot(open_store(uri))["export"] == before["export"]
+
+
+def test_a_creation_on_s3_that_died_before_its_ledger_is_done_again(s3: Callable[[], str],
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its marker object says a creation was under way: the tables without a ledger are not
+    taken for damage, and the next open creates the store again."""
+    def dies(name: str) -> None:
+        if name == "create:before_ledger":
+            raise KeyboardInterrupt  # the process stops between the tables and the ledger
+
+    uri = s3()
+    monkeypatch.setattr(delta, "_failpoint", dies)
+    with pytest.raises(KeyboardInterrupt):
+        open_s3(uri)
+    monkeypatch.undo()
+    ws = open_s3(uri)
+    assert ws.call("POST", "/users/track", {"attributes": [{"external_id": "a"}]}).status == 201
+    assert not objects.exists(f"{uri}/{delta.CREATING}")
+    assert [u["external_id"] for u in open_s3(uri).export_users(["external_id"])] == ["a"]

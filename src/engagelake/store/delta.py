@@ -188,7 +188,8 @@ def store_state(uri: str | Path) -> str:
     if "://" in uri:
         if DeltaTable.is_deltatable(f"{uri.rstrip('/')}/{LEDGER}"):
             return "store"
-        if found := [n for n in STORED if DeltaTable.is_deltatable(f"{uri.rstrip('/')}/{n}")]:
+        if (found := [n for n in STORED if DeltaTable.is_deltatable(f"{uri.rstrip('/')}/{n}")]) and \
+                not objects.exists(f"{uri.rstrip('/')}/{CREATING}"):  # a creation under way, or that died
             raise StoreDamaged(_no_ledger(uri, found))
         return "new"
     root = Path(uri)
@@ -408,7 +409,7 @@ class DeltaStore:
                 with self._lease.held(None):
                     if store_state(self.uri) == "new":
                         self._create(seed or uuid.uuid4().hex)
-        elif self.local and (Path(self.uri) / CREATING).exists():
+        elif objects.exists(f"{self.uri.rstrip('/')}/{CREATING}"):
             self._end_creation()  # the ledger landed: the store is whole
         self._ledger_table: DeltaTable | None = None
         self._ledger_version = -1
@@ -472,15 +473,16 @@ class DeltaStore:
                 (Path(self.uri) / CREATING).touch()
             except OSError as error:
                 raise StoreError(f"cannot create a store at {self.uri}: {error.strerror}") from error
+        else:  # (created under the lease: `__init__`)
+            objects.touch(f"{self.uri.rstrip('/')}/{CREATING}")
         versions = {name: self._create_table(name) for name in STORED}
         _failpoint("create:before_ledger")
         self._append_ledger(0, None, versions, 0, 0, seed, [], kind="batch", create=True)
         self._end_creation()
 
     def _end_creation(self) -> None:
-        if self.local:
-            with suppress(OSError):  # read-only: the next writer removes it
-                (Path(self.uri) / CREATING).unlink(missing_ok=True)
+        with suppress(OSError):  # read-only: the next writer removes it
+            objects.remove(f"{self.uri.rstrip('/')}/{CREATING}")
 
     def damaged(self, error: BaseException) -> BaseException:
         """The error to raise for `error`, raised by a read or write below: StoreReadOnly for a

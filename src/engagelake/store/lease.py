@@ -147,9 +147,13 @@ class Lease:
                 try:
                     write_deltalake(self.uri, _SCHEMA.empty_table(), mode="error",
                                     storage_options=self.storage_options)
-                except DeltaError as error:  # another writer created it first
-                    if "already exists" not in str(error):
-                        raise
+                except DeltaError as error:  # another writer created it first ("already exists",
+                    # or a conflict on its first version): it is there to load, else this error goes up
+                    try:
+                        self._table = DeltaTable(self.uri, storage_options=self.storage_options)
+                    except TableNotFoundError:
+                        raise error from None
+                    return self._table
                 self._table = DeltaTable(self.uri, storage_options=self.storage_options)
             return self._table
 
