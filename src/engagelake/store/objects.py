@@ -34,14 +34,6 @@ def open_input(path: str) -> pa.NativeFile:
     return filesystem.open_input_file(key)
 
 
-def size(path: str) -> int:
-    """The size of the file or object at `path`, in bytes."""
-    if not is_remote(path):
-        return os.path.getsize(path.removeprefix("file://"))
-    filesystem, key = _resolve(path)
-    return int(filesystem.get_file_info(key).size)
-
-
 def exists(path: str) -> bool:
     """Whether a file or object is at `path`."""
     if not is_remote(path):
