@@ -189,7 +189,7 @@ def store_state(uri: str | Path) -> str:
         if DeltaTable.is_deltatable(f"{uri.rstrip('/')}/{LEDGER}"):
             return "store"
         if (found := [n for n in STORED if DeltaTable.is_deltatable(f"{uri.rstrip('/')}/{n}")]) and \
-                not objects.exists(f"{uri.rstrip('/')}/{CREATING}"):  # a creation under way, or that died
+                not objects.exists(_at(uri, CREATING)):  # a creation under way, or that died
             raise StoreDamaged(_no_ledger(uri, found))
         return "new"
     root = Path(uri)
@@ -409,7 +409,7 @@ class DeltaStore:
                 with self._lease.held(None):
                     if store_state(self.uri) == "new":
                         self._create(seed or uuid.uuid4().hex)
-        elif objects.exists(f"{self.uri.rstrip('/')}/{CREATING}"):
+        elif objects.exists(_at(self.uri, CREATING)):
             self._end_creation()  # the ledger landed: the store is whole
         self._ledger_table: DeltaTable | None = None
         self._ledger_version = -1
@@ -474,7 +474,7 @@ class DeltaStore:
             except OSError as error:
                 raise StoreError(f"cannot create a store at {self.uri}: {error.strerror}") from error
         else:  # (created under the lease: `__init__`)
-            objects.touch(f"{self.uri.rstrip('/')}/{CREATING}")
+            objects.touch(_at(self.uri, CREATING))
         versions = {name: self._create_table(name) for name in STORED}
         _failpoint("create:before_ledger")
         self._append_ledger(0, None, versions, 0, 0, seed, [], kind="batch", create=True)
@@ -482,7 +482,7 @@ class DeltaStore:
 
     def _end_creation(self) -> None:
         with suppress(OSError):  # read-only: the next writer removes it
-            objects.remove(f"{self.uri.rstrip('/')}/{CREATING}")
+            objects.remove(_at(self.uri, CREATING))
 
     def damaged(self, error: BaseException) -> BaseException:
         """The error to raise for `error`, raised by a read or write below: StoreReadOnly for a
@@ -1302,11 +1302,8 @@ class DeltaStore:
         files, in_order = _ledger_files(table)
         cutoff = datetime.now(UTC) - self.response_retention
         with merging.connection(self.memory_limit) as con:
-            if self.local:
-                source = merging.read_files(files, partial=True)  # by name: older files lack later columns
-            else:  # object storage: through pyarrow (DuckDB's own reader needs `httpfs`)
-                con.register("_ledger_files", objects.dataset(files, LEDGER_ARROW))
-                source = '"_ledger_files"'
+            # by name: older files lack later columns
+            source = _files_source(con, LEDGER, files, LEDGER_ARROW, partial=True, local=self.local)
             present = set(con.sql(f"DESCRIBE SELECT * FROM {source}").pl()["column_name"].to_list())
             # a column no file has yet (a store older than it) reads as a null, as it does everywhere
             con.sql(f"""CREATE TEMP VIEW ledger AS SELECT {", ".join(
@@ -1420,7 +1417,7 @@ class DeltaStore:
         return table
 
     def _compaction_marker(self) -> str:
-        return f"{self.uri.rstrip('/')}/{COMPACTING}"
+        return _at(self.uri, COMPACTING)
 
     def _compacting(self) -> bool:
         """A compaction is under way, or died."""
@@ -1645,11 +1642,7 @@ class Snapshot:
                 con.execute(f'CREATE OR REPLACE VIEW "{name}" AS SELECT * FROM "_empty_{name}"')
                 continue
             columns = ", ".join(f'"{c}"' for c in SCHEMAS[name])
-            if self.store.local:
-                raw = merging.read_files(files, partial=name in PARTIAL)
-            else:  # object storage: scanned through pyarrow (DuckDB's own reader needs `httpfs`)
-                con.register(f"_files_{name}", objects.dataset(files, _arrow_schema(name)))
-                raw = f'"_files_{name}"'
+            raw = _files_source(con, name, files, _arrow_schema(name), partial=name in PARTIAL, local=self.store.local)
             key = KEYS[name]
             if key is None:
                 body = f"SELECT {columns} FROM {raw} ORDER BY _batch"
@@ -1665,6 +1658,22 @@ class Snapshot:
                         f'WHERE r.service_id IS NULL OR r."into" IS NOT NULL')
             con.execute(f'CREATE OR REPLACE VIEW "{name}" AS {body}')
         return con
+
+
+def _at(uri: str, name: str) -> str:
+    """The path of `name` (a marker, a table) in the store at `uri`."""
+    return f"{uri.rstrip('/')}/{name}"
+
+
+def _files_source(con: duckdb.DuckDBPyConnection, name: str, files: list[str], schema: pa.Schema, *,
+                  partial: bool, local: bool) -> str:
+    """SQL that reads a table's `files` in `con`: DuckDB's Parquet reader on a folder; on object
+    storage a pyarrow dataset registered in `con` (DuckDB's own S3 reader, the `httpfs`
+    extension, is downloaded on first use), of `schema`: a column a file lacks reads as null."""
+    if local:
+        return merging.read_files(files, partial=partial)
+    con.register(f"_files_{name}", objects.dataset(files, schema))
+    return f'"_files_{name}"'
 
 
 def _file_name(path: str) -> str:

@@ -45,10 +45,9 @@ _JITTER = random.Random()
 class Lease:
     """One writer's turn at a store on object storage (`acquire`, then `release`)."""
 
-    def __init__(self, store_uri: str, storage_options: dict[str, str] | None = None):
+    def __init__(self, store_uri: str):
         self.store = store_uri.rstrip("/")
         self.uri = f"{self.store}/{LEASE}"
-        self.storage_options = storage_options
         self.holder = uuid.uuid4().hex  # this writer, in the commits' metadata
         self._table: DeltaTable | None = None
         self._held = False
@@ -142,19 +141,18 @@ class Lease:
                 self._table.update_incremental()
                 return self._table
             try:
-                self._table = DeltaTable(self.uri, storage_options=self.storage_options)
+                self._table = DeltaTable(self.uri)
             except TableNotFoundError:
                 try:
-                    write_deltalake(self.uri, _SCHEMA.empty_table(), mode="error",
-                                    storage_options=self.storage_options)
+                    write_deltalake(self.uri, _SCHEMA.empty_table(), mode="error")
                 except DeltaError as error:  # another writer created it first ("already exists",
                     # or a conflict on its first version): it is there to load, else this error goes up
                     try:
-                        self._table = DeltaTable(self.uri, storage_options=self.storage_options)
+                        self._table = DeltaTable(self.uri)
                     except TableNotFoundError:
                         raise error from None
                     return self._table
-                self._table = DeltaTable(self.uri, storage_options=self.storage_options)
+                self._table = DeltaTable(self.uri)
             return self._table
 
     def _commit(self, table: DeltaTable, op: str, *, clean: bool = False) -> bool:
