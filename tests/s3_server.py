@@ -6,13 +6,15 @@ delta-rs, Polars and pyarrow through the environment, as they would on a worker
 
 from __future__ import annotations
 
+import re
 import socket
 import subprocess
 import sys
 import time
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -25,13 +27,32 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+class S3:
+    """The server of the `s3` fixture: called, a new store URI (a prefix of its own); `requests`
+    lists the requests it answered so far, from its access log, as (method, path) pairs."""
+
+    def __init__(self, log: Path):
+        self.log = log
+
+    def __call__(self) -> str:
+        return f"s3://{BUCKET}/{uuid.uuid4().hex}"
+
+    def requests(self) -> list[tuple[str, str]]:
+        found = (_REQUEST.search(line) for line in self.log.read_text().splitlines())
+        return [(m.group(1), m.group(2)) for m in found if m is not None]
+
+
+_REQUEST = re.compile(r'"(GET|PUT|HEAD|POST|DELETE) (\S+) HTTP')
+
+
 @pytest.fixture(scope="module")
-def s3() -> Iterator[Callable[[], str]]:
-    """A moto S3 server with one bucket, the environment pointing at it; gives a new store URI
-    (a prefix of its own) per call."""
+def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3]:
+    """A moto S3 server with one bucket, the environment pointing at it."""
     port = _free_port()
-    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    log = tmp_path_factory.mktemp("moto") / "requests.log"
+    with open(log, "wb") as out:  # its access log (one line per request, written as answered)
+        server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                                  stdout=subprocess.DEVNULL, stderr=out)
     endpoint = f"http://127.0.0.1:{port}"
     try:
         for _ in range(300):
@@ -50,7 +71,7 @@ def s3() -> Iterator[Callable[[], str]]:
             import boto3
 
             boto3.client("s3").create_bucket(Bucket=BUCKET)
-            yield lambda: f"s3://{BUCKET}/{uuid.uuid4().hex}"
+            yield S3(log)
     finally:
         server.terminate()
         server.wait(timeout=10)

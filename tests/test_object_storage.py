@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from hypothesis import given
@@ -47,6 +47,9 @@ from engagelake.store.delta import DeltaStore
 from engagelake.store.lease import Lease
 
 pytest_plugins = ["tests.s3_server"]
+
+if TYPE_CHECKING:
+    from tests.s3_server import S3
 
 
 def open_s3(uri: str) -> Workspace:
@@ -361,3 +364,45 @@ def test_a_creation_on_s3_that_died_before_its_ledger_is_done_again(s3: Callable
     assert ws.call("POST", "/users/track", {"attributes": [{"external_id": "a"}]}).status == 201
     assert not objects.exists(f"{uri}/{delta.CREATING}")
     assert [u["external_id"] for u in open_s3(uri).export_users(["external_id"])] == ["a"]
+
+
+def _requests_of(s3: S3, step: Callable[[], object]) -> int:
+    """How many requests the S3 server answered during `step` (its log line for a request
+    may land just after the answer: the count is read once the log is still)."""
+    def settled() -> int:
+        count = len(s3.requests())
+        while (time.sleep(0.05), len(s3.requests()))[1] != count:
+            count = len(s3.requests())
+        return count
+
+    before = settled()
+    step()
+    return settled() - before
+
+
+@pytest.mark.slow
+def test_a_call_on_s3_costs_the_same_requests_after_40_batches_as_after_4(s3: S3) -> None:
+    """The requests of a small call follow the call, not the store's history: no whole-ledger
+    read, no table log read again from its start; run merges work on S3 (they raised, and
+    every next writer rolled back what they left). A fresh process opens the store with a
+    bounded number of requests (a checkpoint every 10 versions)."""
+    uri = s3()
+    ws = open_s3(uri)
+    ws.store.background_merges = False  # a call's count holds the merge it makes due
+
+    def track(k: int) -> None:
+        body = {"attributes": [{"external_id": f"u{k}", "n": k, "email": f"u{k}@example.com"}]}
+        assert ws.call("POST", "/users/track", body).status == 201
+
+    counts = [_requests_of(s3, lambda k=k: track(k)) for k in range(40)]
+    assert ws.store.merge_errors == []
+    assert {name for name, _, _ in ws.store.merges} >= {"profiles", "attributes", "external_ids"}
+    # (before: 117 requests for the 4th call, 1,471 for the 40th)
+    assert min(counts[-8:]) <= min(counts[3:8]) + 5, counts
+    for k in (0, 17, 39):
+        assert export_one(ws, f"u{k}", ["external_id", "custom_attributes"]) == {
+            "external_id": f"u{k}", "custom_attributes": {"n": k}}
+
+    opened: list[Workspace] = []
+    assert _requests_of(s3, lambda: opened.append(open_s3(uri))) <= 60  # (before: 508)
+    assert export_one(opened[0], "u39", ["email"]) == {"email": "u39@example.com"}

@@ -424,7 +424,8 @@ class DeltaStore:
         # the caches below are filled by probes that may run side by side (`State.prefetch`)
         self._cache_lock = threading.RLock()
         self._files: dict[tuple[str, int], list[str]] = {}  # data files per table version
-        self._tables: dict[tuple[str, int], DeltaTable] = {}  # their loaded logs
+        self._tables: dict[tuple[str, int], DeltaTable] = {}  # their loaded logs (a folder's)
+        self._cursors: dict[str, DeltaTable] = {}  # one loaded log per table (object storage)
         self._actions: dict[tuple[str, int], pa.Table] = {}  # their add actions, with file statistics
         self._runs: dict[tuple[str, int], list[merging.Run]] = {}  # their runs, from the actions (`runs`)
         self._written: dict[str, DeltaTable] = {}  # each table at its newest version, for writes (`_latest`)
@@ -510,14 +511,24 @@ class DeltaStore:
         kept version's entry is there and the next one is not (a compaction deletes the entries
         before its own). Loading a table's log cost a small batch's commit about 7 ms a table."""
         table = self._written.get(name)
-        if (table is None or not self.local or not self._log_entry(name, table.version()).exists()
+        if table is None and not self.local:
+            table = self._written[name] = DeltaTable(self._path(name))
+            if any(table.metadata().configuration.get(k) != v for k, v in objects.LOG_PROPERTIES.items()):
+                table.alter.set_table_properties(objects.LOG_PROPERTIES)  # a table made before them
+        elif table is not None and not self.local:
+            # object storage: the versions since, read from the log (a list and a get each),
+            # not the whole log again (a get per entry since the last checkpoint, for each
+            # table a batch writes: 988 requests in the 40th call of a new store)
+            table.update_incremental()
+        elif (table is None or not self.local or not self._log_entry(name, table.version()).exists()
                 or self._log_entry(name, table.version() + 1).exists()):
             table = self._written[name] = DeltaTable(self._path(name))
         return table
 
     def _create_table(self, name: str) -> int:
         """An empty table at its first version (also for tables added after the store was made)."""
-        write_deltalake(self._path(name), pl.DataFrame(schema=_stored_schema(name)).to_arrow(), mode="overwrite")
+        write_deltalake(self._path(name), pl.DataFrame(schema=_stored_schema(name)).to_arrow(), mode="overwrite",
+                        configuration=None if self.local else objects.LOG_PROPERTIES)
         return DeltaTable(self._path(name)).version()
 
     def _append_ledger(self, batch_no: int, key: str | None, versions: dict[str, int], next_n: int,
@@ -544,7 +555,8 @@ class DeltaStore:
         # a ledger written before a column gains it here (older rows: null)
         if create:
             write_deltalake(self._path(LEDGER), row.to_arrow(), mode="append", schema_mode="merge",
-                            writer_properties=LEDGER_WRITER, configuration=LEDGER_PROPERTIES)
+                            writer_properties=LEDGER_WRITER,
+                            configuration=LEDGER_PROPERTIES if self.local else {**LEDGER_PROPERTIES, **objects.LOG_PROPERTIES})
             return None
         if not self._ledger_properties_set:  # a ledger made before them gets them (once per process)
             table = self._latest(LEDGER)
@@ -629,6 +641,10 @@ class DeltaStore:
         head it reads `self.head` may note it: a noted version whose head is not `self.head`
         makes `refresh` miss other writers' batches (a run merge that read the head and found
         nothing to merge let the next batch commit over a batch it never read: a lost update)."""
+        if table is None and not note and not self.local:
+            # under the lease (a run merge's, a commit's): the ledger kept for appends, brought
+            # up to date, rather than the whole log read again
+            table = self._latest(LEDGER)
         table = table or DeltaTable(self._path(LEDGER))
         if note:
             self._ledger_table, self._ledger_version = table, table.version()
@@ -645,7 +661,7 @@ class DeltaStore:
         """Ledger rows by `batch_no`: those of the newest files (local stores whose files have
         statistics), enough to hold the newest row and the newest content row; else all."""
         actions = pa.table(table.get_add_actions(flatten=True))
-        if not self.local or "max.batch_no" not in actions.column_names or actions.column("max.batch_no").null_count:
+        if "max.batch_no" not in actions.column_names or actions.column("max.batch_no").null_count:
             return self._ledger(columns).sort("batch_no")
         uris = _paths_by_name(table)
         newest = pl.DataFrame(actions.select(["path", "max.batch_no"])).sort("max.batch_no", descending=True)
@@ -800,7 +816,16 @@ class DeltaStore:
         return files
 
     def _table_at(self, name: str, version: int) -> DeltaTable:
-        """The table's log loaded at `version` (cached; the cache lock is held)."""
+        """The table's log loaded at `version` (cached; the cache lock is held). On object
+        storage one loaded log per table moves forward to the versions asked (reading only the
+        entries since), and the callers keep what they take from it."""
+        if not self.local:
+            cursor = self._cursors.get(name)
+            if cursor is None or cursor.version() > version:
+                cursor = self._cursors[name] = DeltaTable(self._path(name), version=version)
+            elif cursor.version() < version:
+                cursor.load_as_version(version)
+            return cursor
         table = self._tables.get((name, version))
         if table is None:
             if len(self._tables) > 4 * len(STORED):
@@ -1084,7 +1109,8 @@ class DeltaStore:
         order = sort_order(name, KEYS[name])
         assert order is not None
         with merging.connection(self.memory_limit) as con:
-            sql = merging.merge_sql(name, list(_stored_schema(name)), KEYS[name], order, files, since=runs[-1].first,
+            source = _files_source(con, name, files, _arrow_schema(name), partial=name in PARTIAL, local=self.local)
+            sql = merging.merge_sql(name, list(_stored_schema(name)), KEYS[name], order, source, since=runs[-1].first,
                                     bottom=bottom, fold=any(run.partial for run in runs))
             written = appends.write_files(self._path(name), merging.stream(con, sql, _arrow_schema(name)),
                                           _arrow_schema(name), file_options(name), file_bytes=MERGED_FILE_BYTES,
@@ -1223,9 +1249,11 @@ class DeltaStore:
         assert order is not None
         schema = _arrow_schema(name)
         with merging.connection(self.memory_limit) as con:
-            sql = merging.merge_sql(name, list(_stored_schema(name)), KEYS[name], order, files, since=since,
+            # DuckDB's own S3 reader would download its extension (`_files_source`)
+            source = _files_source(con, name, files, schema, partial=name in PARTIAL, local=self.local)
+            sql = merging.merge_sql(name, list(_stored_schema(name)), KEYS[name], order, source, since=since,
                                     bottom=bottom, fold=any(run.partial for run in runs))
-            table = DeltaTable(self._path(name))
+            table = self._latest(name)
             write_deltalake(table, merging.stream(con, sql, schema), mode="overwrite",
                             predicate=f"_batch >= {since}", writer_properties=writer(name))
         self._written[name] = table  # the next append need not load the log again (`_latest`)

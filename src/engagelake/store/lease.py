@@ -32,6 +32,7 @@ from deltalake import CommitProperties, DeltaTable, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 
 from engagelake.errors import StaleStoreError, StoreError
+from engagelake.store import objects
 
 LEASE = "_writer_lease"  # the table, beside the store's tables
 # how long a lease lasts unless renewed: a writer that died holding it delays the next one by
@@ -144,7 +145,8 @@ class Lease:
                 self._table = DeltaTable(self.uri)
             except TableNotFoundError:
                 try:
-                    write_deltalake(self.uri, _SCHEMA.empty_table(), mode="error")
+                    write_deltalake(self.uri, _SCHEMA.empty_table(), mode="error",
+                                    configuration=objects.LOG_PROPERTIES)
                 except DeltaError as error:  # another writer created it first ("already exists",
                     # or a conflict on its first version): it is there to load, else this error goes up
                     try:

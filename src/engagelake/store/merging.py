@@ -109,13 +109,14 @@ def plan(runs: list[Run], batch_rows: int, *, trigger: int = MERGE_TRIGGER,
     return runs[:taken]
 
 
-def merge_sql(name: str, columns: list[str], key: tuple[str, ...] | None, order: list[str], files: list[str], *,
+def merge_sql(name: str, columns: list[str], key: tuple[str, ...] | None, order: list[str], source: str, *,
               since: int, bottom: bool, fold: bool = True) -> str:
-    """DuckDB SQL for the merged run: the rows of `files` from batch `since` on, the newest row
+    """DuckDB SQL for the merged run: the rows of `source` (the runs' files, as `read_files` or
+    a registered dataset reads them) from batch `since` on, the newest row
     per key with partial rows folded in (`fold`: the files may hold some), tombstones dropped
     when the merge reaches the bottom run (where nothing older can be shadowed), in `order`."""
     cols = ", ".join(f'"{c}"' for c in columns)
-    rows = f"SELECT {cols} FROM {read_files(files, partial=name in PARTIAL)} WHERE _batch >= {since}"
+    rows = f"SELECT {cols} FROM {source} WHERE _batch >= {since}"
     by = ", ".join(f'"{c}"' for c in order)
     if key is None:
         return f"SELECT {cols} FROM ({rows}) ORDER BY {by}"

@@ -21,6 +21,12 @@ import pyarrow.fs as pafs
 _lock = threading.Lock()
 
 
+# Every table on object storage takes a checkpoint every 10 versions, not delta-rs' 100: a
+# process that loads a table's log (a fresh worker's first read or write) gets each entry since
+# the last checkpoint with a request of its own, so up to 100 of them per table before
+LOG_PROPERTIES = {"delta.checkpointInterval": "10"}
+
+
 def is_remote(path: str) -> bool:
     """Whether `path` is a URI (object storage) rather than a local path."""
     return "://" in path and not path.startswith("file://")
