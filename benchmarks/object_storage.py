@@ -151,6 +151,7 @@ def main() -> None:
             args.latency_ms)
         body = {"attributes": [{"external_id": "user-1", "visits": {"inc": 1}}]}
         row("  track call", *log.during(lambda: fresh[0].call("POST", "/users/track", body)), args.latency_ms)
+        print("requests of each call:", " ".join(map(str, per_call)))
         tenth = max(len(per_call) // 10, 1)
         print(f"\nrequests per call: median of the first {tenth} calls {sorted(per_call[:tenth])[tenth // 2]}, "
               f"of the last {tenth} {sorted(per_call[-tenth:])[tenth // 2]} (flat: history costs nothing)")

@@ -917,7 +917,12 @@ class DeltaStore:
     def find_batch(self, key: str) -> StoredBatch | None:
         """The committed batch with this idempotency key, if any: its responses, the digest of
         its requests (None in a ledger written before digests) and its commit time."""
-        table = DeltaTable(self._path(LEDGER))
+        if self.local:
+            table = DeltaTable(self._path(LEDGER))
+        else:  # the ledger's log as `refresh` keeps it, not read again from its last checkpoint
+            self.refresh()
+            assert self._ledger_table is not None
+            table = self._ledger_table
         present = {field.name for field in table.schema().fields}
         rows = table.to_pyarrow_table(  # reads only the matching row's data
             columns=[c for c in ("responses", "digest", "committed_at", "responses_dropped") if c in present],
