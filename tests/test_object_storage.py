@@ -45,6 +45,7 @@ from engagelake.errors import IdempotencyKeyReused, StoreError
 from engagelake.store import delta, lease, objects
 from engagelake.store.delta import DeltaStore
 from engagelake.store.lease import Lease
+from engagelake.store.publish import published
 
 pytest_plugins = ["tests.s3_server"]
 
@@ -152,10 +153,12 @@ def test_compaction_on_s3_erases_a_deleted_user_from_every_object(s3: Callable[[
                                                          "nickname": "zebra-unicorn-17"}],
                                           "events": [{"external_id": "gone-user", "name": "secret-event",
                                                       "time": "2026-11-20T00:00:00Z"}]})
+        ws.publish()  # the published copy (`<store>/current`) is published again by compaction
         assert ws.call("POST", "/users/delete", {"external_ids": ["gone-user"]}).body["deleted"] == 1
     secrets = ("gone-user", "gone@example.org", "zebra-unicorn-17", "secret-event")
     for secret in secrets:  # still on disk: a delete writes tombstones (so the search finds them)
         assert _objects_holding(uri, secret), secret
+    assert _objects_holding(f"{uri}/current", "gone@example.org")
     kept = [ws.compact() for ws in stores]
     assert kept[0] == kept[1]
     for secret in secrets:
@@ -163,6 +166,27 @@ def test_compaction_on_s3_erases_a_deleted_user_from_every_object(s3: Callable[[
     after = open_s3(uri)
     assert_same(after.export_users(), stores[1].export_users(), "every user after compaction")
     assert after.call("POST", "/users/track", {"attributes": [{"external_id": "u9"}]}).status == 201
+
+
+def test_a_publication_on_s3_holds_the_current_rows(s3: Callable[[], str]) -> None:
+    """`publish` writes plain Delta tables and the marker under `<store>/current` on S3 (it
+    joined paths as a folder's: "Unable to recognise URL s3:/..."), readable by `pl.read_delta`."""
+    import polars as pl
+
+    uri = s3()
+    ws = open_s3(uri)
+    ws.call("POST", "/users/track", {"attributes": [{"external_id": "a", "plan": "free"}, {"external_id": "b"}]})
+    ws.call("POST", "/users/track", {"attributes": [{"external_id": "a", "plan": "pro"}]})
+    ws.credentials.create_key("reader", ["users.export.ids"])
+    rows = ws.publish()
+    assert rows["profiles"] == 2 and "api_keys" not in rows
+    marker = published(f"{uri}/current")
+    assert marker is not None and marker["batch"] == ws.store.head.batch_no
+    assert pl.read_delta(f"{uri}/current/attributes")["value"].to_list() == ['"pro"']
+    ws.publish(tables=["api_keys"])
+    assert pl.read_delta(f"{uri}/current/api_keys")["name"].to_list() == ["reader"]
+    ws.publish()  # not named again: the copy goes rather than go stale
+    assert not objects.exists(f"{uri}/current/api_keys/_delta_log/00000000000000000000.json")
 
 
 # --- writers take turns through the lease (`store/lease.py`) ---------------------------------

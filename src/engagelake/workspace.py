@@ -69,7 +69,7 @@ from engagelake.rules.profile.parse import named_external_ids, parse_track, with
 from engagelake.rules.profile.track import apply_track
 from engagelake.rules.profile.validate import validate_track
 from engagelake.rules.state import Changes, State, apply_changes
-from engagelake.store import scratch
+from engagelake.store import objects, scratch
 from engagelake.store.ahead import ReadAhead
 from engagelake.store.delta import RESPONSE_RETENTION, DeltaStore, store_state
 from engagelake.store.staging import StagedSource, Stages
@@ -85,7 +85,6 @@ if TYPE_CHECKING:
 Clock = Callable[[], datetime]
 MEMORY_ENV = "ENGAGELAKE_MEMORY_LIMIT"
 PUBLISHED_FOLDER = "current"  # where `publish` writes by default, inside the store
-PUBLISHED_MARKER = "_published.json"  # as store/publish.py writes it
 EXPORT_CHUNK_USERS = 50_000  # users per chunk of a streamed export of every user
 # Long runs of track requests are applied in passes of at most this many requests (up to ~170k
 # objects): the same result as one pass (sequential application is the invariant), bounded memory.
@@ -899,10 +898,12 @@ class Workspace:
         to its default folder), if there is one, is published again: it would keep deleted
         users' rows. Returns the rows kept per table; `on_table(name, done, total)` is called
         before each table is rewritten."""
+        from engagelake.store.publish import published
+
         kept = self.store.compact(on_table=on_table)
-        marker = Path(self.store.uri) / PUBLISHED_FOLDER / PUBLISHED_MARKER
-        if marker.exists():
-            self._publish(list(json.loads(marker.read_text())["tables"]), None, erase_old=True)
+        marker = published(objects.join(self.store.uri, PUBLISHED_FOLDER))
+        if marker is not None and isinstance(tables := marker["tables"], dict):
+            self._publish(list(tables), None, erase_old=True)
         return kept
 
     @_store_errors
@@ -922,10 +923,10 @@ class Workspace:
         if unknown:
             raise KeyError(f"no table {unknown[0]!r}; tables: {', '.join(TABLES)}")
         self.store.refresh()
-        target = out if out is not None else f"{self.store.uri.rstrip('/')}/{PUBLISHED_FOLDER}"
+        target = str(out) if out is not None else objects.join(self.store.uri, PUBLISHED_FOLDER)
         for name in UNPUBLISHED:  # a copy an earlier run published would go stale: it goes
-            if name not in names and "://" not in str(target):
-                shutil.rmtree(Path(target) / name, ignore_errors=True)
+            if name not in names:
+                objects.remove_tree(objects.join(target, name))
         return publish(self.store.snapshot(), target, names, self.memory_limit, erase_old=erase_old)
 
     @_store_errors

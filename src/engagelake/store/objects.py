@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import shutil
 import threading
 
 import pyarrow as pa
@@ -58,6 +59,35 @@ def touch(path: str) -> None:
         pass
 
 
+def write_whole(path: str, data: bytes) -> None:
+    """Write `data` at `path` so that readers see the old content or the new, whole: a local
+    file through a temporary one renamed over it; an object as one put (atomic on S3)."""
+    if not is_remote(path):
+        local = path.removeprefix("file://")
+        temporary = f"{os.path.dirname(local) or '.'}/.{os.path.basename(local)}.{os.getpid()}"
+        with open(temporary, "wb") as out:
+            out.write(data)
+        os.replace(temporary, local)
+        return
+    filesystem, key = _resolve(path)
+    with filesystem.open_output_stream(key) as out:
+        out.write(data)
+
+
+def read_whole(path: str) -> bytes | None:
+    """The content of the file or object at `path` (None: there is none)."""
+    try:
+        with open_input(path) as source:
+            return bytes(source.read())
+    except FileNotFoundError:
+        return None
+
+
+def join(folder: str, name: str) -> str:
+    """`name` inside `folder`, a local path or a URI (a `Path` would make `s3://` `s3:/`)."""
+    return f"{folder.rstrip('/')}/{name}"
+
+
 def remove(path: str) -> None:
     """Delete the file or object at `path`, if there is one."""
     if not is_remote(path):
@@ -67,6 +97,17 @@ def remove(path: str) -> None:
     filesystem, key = _resolve(path)
     with contextlib.suppress(FileNotFoundError):
         filesystem.delete_file(key)
+
+
+def remove_tree(path: str) -> None:
+    """Delete the folder at `path` and all below it (on object storage: every object under
+    the prefix), if there is one."""
+    if not is_remote(path):
+        shutil.rmtree(path.removeprefix("file://"), ignore_errors=True)
+        return
+    filesystem, key = _resolve(path)
+    with contextlib.suppress(FileNotFoundError):
+        filesystem.delete_dir(key)
 
 
 def _resolve(uri: str) -> tuple[pafs.FileSystem, str]:

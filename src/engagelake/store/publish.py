@@ -16,7 +16,6 @@ version, then the next publication vacuums them.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -25,7 +24,7 @@ import polars as pl
 import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, write_deltalake
 
-from engagelake.store import merging
+from engagelake.store import merging, objects
 from engagelake.store.delta import Snapshot, writer
 from engagelake.tables.schema import SCHEMAS
 
@@ -39,8 +38,9 @@ def publish(snapshot: Snapshot, out: str | Path, tables: list[str], memory_limit
     """Write the current rows of `tables` at `snapshot` under `out`; returns the rows per table.
     `erase_old` (after a compaction): the replaced files and the old log entries, whose
     statistics name values, go at once instead of after `KEEP_HOURS`."""
-    folder = Path(out)
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = str(out)
+    if not objects.is_remote(folder):
+        Path(folder).mkdir(parents=True, exist_ok=True)
     batch = snapshot.head.batch_no
     rows: dict[str, int] = {}
     versions: dict[str, int] = {}
@@ -48,7 +48,7 @@ def publish(snapshot: Snapshot, out: str | Path, tables: list[str], memory_limit
         snapshot.duckdb(con)
         for name in tables:
             counted = _Counted(merging.stream(con, f'SELECT * FROM "{name}"', _schema(name)))
-            target = str(folder / name)
+            target = objects.join(folder, name)
             # one load of the table's log for the write and what follows it (a load is a few ms)
             table = DeltaTable(target) if DeltaTable.is_deltatable(target) else None
             write_deltalake(table or target, counted.reader(), mode="overwrite", schema_mode="overwrite",
@@ -74,8 +74,8 @@ def publish(snapshot: Snapshot, out: str | Path, tables: list[str], memory_limit
 
 def published(out: str | Path) -> dict[str, object] | None:
     """The marker of the last complete publication under `out`, if any."""
-    marker = Path(out) / MARKER
-    return json.loads(marker.read_text()) if marker.exists() else None
+    text = objects.read_whole(objects.join(str(out), MARKER))
+    return None if text is None else json.loads(text)
 
 
 def _schema(name: str) -> pa.Schema:
@@ -98,7 +98,6 @@ class _Counted:
         return pa.RecordBatchReader.from_batches(self.source.schema, batches())
 
 
-def _write_marker(folder: Path, content: dict[str, object]) -> None:
-    temporary = folder / f".{MARKER}.{os.getpid()}"
-    temporary.write_text(json.dumps(content, indent=2) + "\n")
-    os.replace(temporary, folder / MARKER)  # readers see the old marker or the new one, whole
+def _write_marker(folder: str, content: dict[str, object]) -> None:
+    # readers see the old marker or the new one, whole
+    objects.write_whole(objects.join(folder, MARKER), (json.dumps(content, indent=2) + "\n").encode())
