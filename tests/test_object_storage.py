@@ -41,7 +41,7 @@ from tests.test_model_property import (
 )
 
 from engagelake import Workspace
-from engagelake.errors import IdempotencyKeyReused, StoreError
+from engagelake.errors import ConfigError, IdempotencyKeyReused, StoreError
 from engagelake.store import delta, lease, objects
 from engagelake.store.delta import DeltaStore
 from engagelake.store.lease import Lease
@@ -187,6 +187,40 @@ def test_a_publication_on_s3_holds_the_current_rows(s3: Callable[[], str]) -> No
     assert pl.read_delta(f"{uri}/current/api_keys")["name"].to_list() == ["reader"]
     ws.publish()  # not named again: the copy goes rather than go stale
     assert not objects.exists(f"{uri}/current/api_keys/_delta_log/00000000000000000000.json")
+
+
+@pytest.mark.slow
+def test_storage_options_given_in_code_reach_every_reader_and_writer(s3: Callable[[], str],
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """With no AWS_* variable in the environment, the options given to `Workspace.open` reach
+    delta-rs, Polars, pyarrow and DuckDB: calls, run merges, reads, `sql`, publication,
+    compaction and a new workspace's open."""
+    import os
+
+    uri = s3()
+    options = {name: os.environ[name] for name in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID",
+                                                   "AWS_SECRET_ACCESS_KEY", "AWS_REGION", "AWS_ALLOW_HTTP")}
+    for name in [n for n in os.environ if n.startswith("AWS_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")  # no instance to ask for credentials
+    try:
+        ws = Workspace.open(uri, clock=clock, seed=SEED, storage_options=options)
+        ws.store.background_merges = False
+        for k in range(7):
+            body = {"attributes": [{"external_id": f"u{k}", "n": k, "email": f"u{k}@example.com"}]}
+            assert ws.call("POST", "/users/track", body).status == 201
+        assert ws.store.merges and ws.store.merge_errors == []
+        assert export_one(ws, "u2", ["custom_attributes"]) == {"custom_attributes": {"n": 2}}
+        assert ws.table("profiles").collect().height == 7
+        assert ws.sql("SELECT count(*) AS n FROM attributes").to_dicts() == [{"n": 7}]
+        assert ws.publish()["profiles"] == 7
+        assert ws.compact()["profiles"] == 7
+        again = Workspace.open(uri, create=False, clock=clock, storage_options=options)
+        assert export_one(again, "u6", ["email"]) == {"email": "u6@example.com"}
+        with pytest.raises(ConfigError, match="AWS_ENDPOINT_URL"):  # a misspelt option is named
+            Workspace.open(uri, storage_options={"endpoint": "http://localhost"})
+    finally:
+        objects.configure(uri, None)
 
 
 # --- writers take turns through the lease (`store/lease.py`) ---------------------------------

@@ -22,7 +22,7 @@ import tempfile
 import time
 import uuid
 import weakref
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_for
 from datetime import UTC, datetime, timedelta
@@ -671,7 +671,8 @@ class Workspace:
     def open(cls, uri: str | Path, *, clock: Clock | None = None, seed: str | None = None,
              fields_required: bool = True, memory_limit: str | None = None, create: bool = True,
              retry_for: float = RETRY_FOR_S, monthly_active_user_plan: bool = False,
-             response_retention: timedelta = RESPONSE_RETENTION) -> Workspace:
+             response_retention: timedelta = RESPONSE_RETENTION,
+             storage_options: Mapping[str, str] | None = None) -> Workspace:
         """Open the store at `uri`. Where there is none yet, a path that does not exist or an
         empty folder, a new store is created there; `create=False` raises NotAStore instead.
         A folder that holds anything else is never made a store: a file or a folder of other
@@ -686,7 +687,12 @@ class Workspace:
         together (the specification's cap for those plans; off by default). A batch applied
         with an idempotency key keeps its responses for replay `response_retention` long (7
         days by default): a compaction drops older ones, and at once those that concern a
-        deleted user (`docs/privacy.md`); a replay then raises IdempotentResponsesExpired."""
+        deleted user (`docs/privacy.md`); a replay then raises IdempotentResponsesExpired.
+        `storage_options` (a store on object storage: `AWS_ENDPOINT_URL`, `AWS_REGION`,
+        `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`, `AWS_ALLOW_HTTP`) are
+        used for the store's bucket from then on, in this process, over the environment's."""
+        if storage_options is not None:
+            objects.configure(str(uri), storage_options)
         return cls(DeltaStore(uri, seed=seed, create=create), clock or _now, fields_required=fields_required,
                    memory_limit=memory_limit, retry_for=retry_for, monthly_active_user_plan=monthly_active_user_plan,
                    response_retention=response_retention)
@@ -695,14 +701,17 @@ class Workspace:
     def create(cls, uri: str | Path, *, clock: Clock | None = None, seed: str | None = None,
                fields_required: bool = True, memory_limit: str | None = None,
                retry_for: float = RETRY_FOR_S, monthly_active_user_plan: bool = False,
-               response_retention: timedelta = RESPONSE_RETENTION) -> Workspace:
+               response_retention: timedelta = RESPONSE_RETENTION,
+               storage_options: Mapping[str, str] | None = None) -> Workspace:
         """Create a new store at `uri` (a path that does not exist, or an empty folder) and open
         it; raises StoreExists where a store is, NotAStore where other files are."""
+        if storage_options is not None:
+            objects.configure(str(uri), storage_options)
         if store_state(uri) == "store":
             raise StoreExists(f"a store exists at {uri} already: open it with Workspace.open")
         return cls.open(uri, clock=clock, seed=seed, fields_required=fields_required, memory_limit=memory_limit,
                         retry_for=retry_for, monthly_active_user_plan=monthly_active_user_plan,
-                        response_retention=response_retention)
+                        response_retention=response_retention, storage_options=storage_options)
 
     @staticmethod
     def check(uri: str | Path) -> Report:

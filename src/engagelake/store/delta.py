@@ -45,7 +45,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from deltalake import ColumnProperties, DeltaTable, WriterProperties, write_deltalake
+from deltalake import ColumnProperties, DeltaTable, WriterProperties
 
 from engagelake.errors import NotAStore, StaleStoreError, StoreDamaged, StoreError, StoreReadOnly
 from engagelake.store import appends, merging, objects, records
@@ -186,9 +186,9 @@ def store_state(uri: str | Path) -> str:
     ever created over them."""
     uri = str(uri)
     if "://" in uri:
-        if DeltaTable.is_deltatable(f"{uri.rstrip('/')}/{LEDGER}"):
+        if objects.is_delta_table(f"{uri.rstrip('/')}/{LEDGER}"):
             return "store"
-        if (found := [n for n in STORED if DeltaTable.is_deltatable(f"{uri.rstrip('/')}/{n}")]) and \
+        if (found := [n for n in STORED if objects.is_delta_table(f"{uri.rstrip('/')}/{n}")]) and \
                 not objects.exists(_at(uri, CREATING)):  # a creation under way, or that died
             raise StoreDamaged(_no_ledger(uri, found))
         return "new"
@@ -512,7 +512,7 @@ class DeltaStore:
         before its own). Loading a table's log cost a small batch's commit about 7 ms a table."""
         table = self._written.get(name)
         if table is None and not self.local:
-            table = self._written[name] = DeltaTable(self._path(name))
+            table = self._written[name] = objects.delta_table(self._path(name))
             if any(table.metadata().configuration.get(k) != v for k, v in objects.LOG_PROPERTIES.items()):
                 table.alter.set_table_properties(objects.LOG_PROPERTIES)  # a table made before them
         elif table is not None and not self.local:
@@ -522,14 +522,14 @@ class DeltaStore:
             table.update_incremental()
         elif (table is None or not self.local or not self._log_entry(name, table.version()).exists()
                 or self._log_entry(name, table.version() + 1).exists()):
-            table = self._written[name] = DeltaTable(self._path(name))
+            table = self._written[name] = objects.delta_table(self._path(name))
         return table
 
     def _create_table(self, name: str) -> int:
         """An empty table at its first version (also for tables added after the store was made)."""
-        write_deltalake(self._path(name), pl.DataFrame(schema=_stored_schema(name)).to_arrow(), mode="overwrite",
+        objects.write_delta(self._path(name), pl.DataFrame(schema=_stored_schema(name)).to_arrow(), mode="overwrite",
                         configuration=None if self.local else objects.LOG_PROPERTIES)
-        return DeltaTable(self._path(name)).version()
+        return objects.delta_table(self._path(name)).version()
 
     def _append_ledger(self, batch_no: int, key: str | None, versions: dict[str, int], next_n: int,
                        next_seq: int, seed: str, responses: list[Any], *, kind: str, create: bool = False,
@@ -554,7 +554,7 @@ class DeltaStore:
         )
         # a ledger written before a column gains it here (older rows: null)
         if create:
-            write_deltalake(self._path(LEDGER), row.to_arrow(), mode="append", schema_mode="merge",
+            objects.write_delta(self._path(LEDGER), row.to_arrow(), mode="append", schema_mode="merge",
                             writer_properties=LEDGER_WRITER,
                             configuration=LEDGER_PROPERTIES if self.local else {**LEDGER_PROPERTIES, **objects.LOG_PROPERTIES})
             return None
@@ -585,7 +585,7 @@ class DeltaStore:
                     self._note_append(name, mine, None if added is None else added[0])
                 return mine
         table = self._latest(name)  # the write moves it to its new version
-        write_deltalake(table, data, mode="append", writer_properties=properties,
+        objects.write_delta(table, data, mode="append", writer_properties=properties,
                         schema_mode="merge" if name in PARTIAL or name == LEDGER else None)
         self._heads.pop(name, None)
         if name != LEDGER:
@@ -626,7 +626,7 @@ class DeltaStore:
                 self._keep_runs(name, version, [run, *runs])
 
     def _ledger(self, columns: list[str]) -> pl.DataFrame:
-        table = DeltaTable(self._path(LEDGER))
+        table = objects.delta_table(self._path(LEDGER))
         present = {field.name for field in table.schema().fields}
         frame = pl.from_arrow(table.to_pyarrow_table(columns=[c for c in columns if c in present]))
         assert isinstance(frame, pl.DataFrame)
@@ -645,7 +645,7 @@ class DeltaStore:
             # under the lease (a run merge's, a commit's): the ledger kept for appends, brought
             # up to date, rather than the whole log read again
             table = self._latest(LEDGER)
-        table = table or DeltaTable(self._path(LEDGER))
+        table = table or objects.delta_table(self._path(LEDGER))
         if note:
             self._ledger_table, self._ledger_version = table, table.version()
         columns = ["batch_no", "versions", "next_profile_n", "next_update_seq", "seed", "kind"]
@@ -703,9 +703,9 @@ class DeltaStore:
             if self.local and name in head.versions and not self._log_entry(name, version + 1).exists():
                 continue  # no commit after the ledger's version: nothing to roll back (loading
                 # each of the 34 tables cost a small batch's commit 140 ms)
-            if not DeltaTable.is_deltatable(self._path(name)):
+            if not objects.is_delta_table(self._path(name)):
                 continue
-            table = DeltaTable(self._path(name))
+            table = objects.delta_table(self._path(name))
             if table.version() > version:
                 self._refuse_lost_batch(head)
                 table.restore(version)
@@ -718,7 +718,7 @@ class DeltaStore:
             return
         from engagelake.store import check  # only when a table is ahead of the ledger
 
-        if lost := check.lost_ledger_rows(Path(self.uri), DeltaTable(self._path(LEDGER)), head.batch_no):
+        if lost := check.lost_ledger_rows(Path(self.uri), objects.delta_table(self._path(LEDGER)), head.batch_no):
             path, batch = lost[0]
             raise StoreDamaged(
                 f"the store at {self.uri} holds the ledger row of batch {batch} ({path}) but no ledger log entry "
@@ -759,7 +759,7 @@ class DeltaStore:
         """True when another writer committed since we last looked (then the head is re-read).
         A cheap check: only the ledger's new log entries are read."""
         if self._ledger_table is None:
-            self._ledger_table = DeltaTable(self._path(LEDGER))
+            self._ledger_table = objects.delta_table(self._path(LEDGER))
         elif self.local and not self._ledger_entry(self._ledger_version + 1).exists():
             return False  # a Delta commit creates its log entry atomically: none, nothing new
         else:
@@ -822,7 +822,7 @@ class DeltaStore:
         if not self.local:
             cursor = self._cursors.get(name)
             if cursor is None or cursor.version() > version:
-                cursor = self._cursors[name] = DeltaTable(self._path(name), version=version)
+                cursor = self._cursors[name] = objects.delta_table(self._path(name), version)
             elif cursor.version() < version:
                 cursor.load_as_version(version)
             return cursor
@@ -830,7 +830,7 @@ class DeltaStore:
         if table is None:
             if len(self._tables) > 4 * len(STORED):
                 self._tables.clear()
-            table = self._tables[(name, version)] = DeltaTable(self._path(name), version=version)
+            table = self._tables[(name, version)] = objects.delta_table(self._path(name), version)
         return table
 
     def _actions_at(self, name: str, version: int) -> pa.Table:
@@ -918,7 +918,7 @@ class DeltaStore:
         """The committed batch with this idempotency key, if any: its responses, the digest of
         its requests (None in a ledger written before digests) and its commit time."""
         if self.local:
-            table = DeltaTable(self._path(LEDGER))
+            table = objects.delta_table(self._path(LEDGER))
         else:  # the ledger's log as `refresh` keeps it, not read again from its last checkpoint
             self.refresh()
             assert self._ledger_table is not None
@@ -1235,7 +1235,7 @@ class DeltaStore:
     def _write_rows(self, name: str, rows: pl.DataFrame | pa.RecordBatchReader, versions: dict[str, int]) -> None:
         """Append a batch's rows of one table as a sorted run (a reader's rows come sorted);
         note the table's new version."""
-        if name not in versions and not DeltaTable.is_deltatable(self._path(name)):
+        if name not in versions and not objects.is_delta_table(self._path(name)):
             self._create_table(name)
         data = sort_for_write(name, rows, KEYS[name]).to_arrow() if isinstance(rows, pl.DataFrame) else rows
         # a store written before partial rows gains their mask column with its first batch
@@ -1259,7 +1259,7 @@ class DeltaStore:
             sql = merging.merge_sql(name, list(_stored_schema(name)), KEYS[name], order, source, since=since,
                                     bottom=bottom, fold=any(run.partial for run in runs))
             table = self._latest(name)
-            write_deltalake(table, merging.stream(con, sql, schema), mode="overwrite",
+            objects.write_delta(table, merging.stream(con, sql, schema), mode="overwrite",
                             predicate=f"_batch >= {since}", writer_properties=writer(name))
         self._written[name] = table  # the next append need not load the log again (`_latest`)
         self._heads.pop(name, None)
@@ -1298,14 +1298,14 @@ class DeltaStore:
                         on_table(name, done, len(STORED))
                     if name in untouched:
                         continue
-                    if not DeltaTable.is_deltatable(self._path(name)):
+                    if not objects.is_delta_table(self._path(name)):
                         self._create_table(name)
                     # old log entries hold column statistics of old files: let cleanup drop them
-                    table = DeltaTable(self._path(name))  # one load of its log for both
+                    table = objects.delta_table(self._path(name))  # one load of its log for both
                     table.alter.set_table_properties({"delta.logRetentionDuration": "interval 0 days"})
                     rows = self._compacted(con, snap, name, batch_no, gone, held)
                     if not self._overwrite_with_files(name, table, rows):
-                        write_deltalake(table, rows, mode="overwrite", writer_properties=writer(name),
+                        objects.write_delta(table, rows, mode="overwrite", writer_properties=writer(name),
                                         schema_mode="overwrite" if name in PARTIAL else None)
                     _failpoint(f"compact:{name}")
             self._compact_ledger(gone, held)
@@ -1331,7 +1331,7 @@ class DeltaStore:
         The ledger holds a row per batch ever committed (a server commits a few a second), so
         it is streamed through DuckDB within the memory limit, never held whole; only the
         numbers of the batches whose responses go are."""
-        table = DeltaTable(self._path(LEDGER))
+        table = objects.delta_table(self._path(LEDGER))
         files, in_order = _ledger_files(table)
         cutoff = datetime.now(UTC) - self.response_retention
         with merging.connection(self.memory_limit) as con:
@@ -1368,7 +1368,7 @@ class DeltaStore:
                     else f'"{c}"' for c in LEDGER_SCHEMA)}
                 FROM marked{"" if in_order else " ORDER BY batch_no"}"""  # sorting spilled, and took 300 MB more
             table.alter.set_table_properties({**LEDGER_PROPERTIES, "delta.logRetentionDuration": "interval 0 days"})
-            write_deltalake(table, merging.stream(con, sql, LEDGER_ARROW), mode="overwrite",
+            objects.write_delta(table, merging.stream(con, sql, LEDGER_ARROW), mode="overwrite",
                             schema_mode="overwrite", writer_properties=LEDGER_WRITER)
 
     def _overwrite_with_files(self, name: str, table: DeltaTable, rows: pa.RecordBatchReader | pa.Table) -> bool:
@@ -1426,7 +1426,7 @@ class DeltaStore:
             shutil.rmtree(Path(self.uri) / MERGING, ignore_errors=True)
         self._vacuum(LEDGER)  # its old files held the responses it dropped
         for name in tables:
-            if not DeltaTable.is_deltatable(self._path(name)):
+            if not objects.is_delta_table(self._path(name)):
                 continue
             table = self._vacuum(name)
             kept[name] = sum(pa.table(table.get_add_actions(flatten=True)).column("num_records").to_pylist())
@@ -1438,7 +1438,7 @@ class DeltaStore:
 
     def _vacuum(self, name: str) -> DeltaTable:
         """Delete the files and log entries that `name`'s current version does not need."""
-        table = DeltaTable(self._path(name))
+        table = objects.delta_table(self._path(name))
         table.vacuum(retention_hours=0, enforce_retention_duration=False, dry_run=False)
         table.update_incremental()  # the vacuum's own log entries (loading the log again cost 3 ms a table)
         table.create_checkpoint()
@@ -1578,7 +1578,7 @@ class Snapshot:
 
     def _stored(self, name: str) -> pl.LazyFrame | None:
         files = self.files(name)
-        return pl.scan_parquet(files, schema=_stored_schema(name), missing_columns="insert") if files else None
+        return objects.scan_parquet(files, _stored_schema(name)) if files else None
 
     def scan(self, name: str) -> pl.LazyFrame:
         rows = self._stored(name)

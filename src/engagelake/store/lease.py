@@ -28,7 +28,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import pyarrow as pa
-from deltalake import CommitProperties, DeltaTable, write_deltalake
+from deltalake import CommitProperties, DeltaTable
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 
 from engagelake.errors import StaleStoreError, StoreError
@@ -142,19 +142,19 @@ class Lease:
                 self._table.update_incremental()
                 return self._table
             try:
-                self._table = DeltaTable(self.uri)
+                self._table = objects.delta_table(self.uri)
             except TableNotFoundError:
                 try:
-                    write_deltalake(self.uri, _SCHEMA.empty_table(), mode="error",
+                    objects.write_delta(self.uri, _SCHEMA.empty_table(), mode="error",
                                     configuration=objects.LOG_PROPERTIES)
                 except DeltaError as error:  # another writer created it first ("already exists",
                     # or a conflict on its first version): it is there to load, else this error goes up
                     try:
-                        self._table = DeltaTable(self.uri)
+                        self._table = objects.delta_table(self.uri)
                     except TableNotFoundError:
                         raise error from None
                     return self._table
-                self._table = DeltaTable(self.uri)
+                self._table = objects.delta_table(self.uri)
             return self._table
 
     def _commit(self, table: DeltaTable, op: str, *, clean: bool = False) -> bool:
@@ -163,7 +163,7 @@ class Lease:
         metadata = {"op": op, "holder": self.holder, "until": f"{time.time() + LEASE_S:.3f}", "clean": str(int(clean))}
         with self._lock:
             try:
-                write_deltalake(table, _SCHEMA.empty_table(), mode="append", commit_properties=CommitProperties(
+                objects.write_delta(table, _SCHEMA.empty_table(), mode="append", commit_properties=CommitProperties(
                     custom_metadata=metadata, max_commit_retries=0))
             except CommitFailedError:
                 return False

@@ -4,7 +4,9 @@ The store's tables are Delta tables, which delta-rs reads and writes on either. 
 own readers (footers, point reads of row groups, the ledger's newest rows) open files through
 here: a local path as a file, a URI through pyarrow's file system for its scheme. Credentials,
 region and endpoint come from the environment, as delta-rs and Polars take them
-(`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_REGION`, `AWS_ENDPOINT_URL`; `docs/object-storage.md`).
+(`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_REGION`, `AWS_ENDPOINT_URL`; `docs/object-storage.md`),
+or from storage options given for the bucket (`configure`, as `Workspace.open(storage_options=...)`
+does), which every reader and writer here then takes: delta-rs, Polars and pyarrow alike.
 """
 
 from __future__ import annotations
@@ -14,10 +16,16 @@ import functools
 import os
 import shutil
 import threading
+from collections.abc import Mapping
+from typing import Any
 
+import polars as pl
 import pyarrow as pa
 import pyarrow.dataset as pads
 import pyarrow.fs as pafs
+from deltalake import DeltaTable, write_deltalake
+
+from engagelake.errors import ConfigError
 
 _lock = threading.Lock()
 
@@ -26,6 +34,62 @@ _lock = threading.Lock()
 # process that loads a table's log (a fresh worker's first read or write) gets each entry since
 # the last checkpoint with a request of its own, so up to 100 of them per table before
 LOG_PROPERTIES = {"delta.checkpointInterval": "10"}
+
+
+# The storage options engagelake takes, by their environment variables' names (delta-rs and
+# Polars know them in lower case), and the argument of pyarrow's S3 file system for each.
+STORAGE_OPTIONS: dict[str, str | None] = {
+    "aws_access_key_id": "access_key", "aws_secret_access_key": "secret_key", "aws_session_token": "session_token",
+    "aws_region": "region", "aws_endpoint_url": "endpoint_override", "aws_allow_http": None,
+}
+_configured: dict[str, dict[str, str]] = {}  # "scheme://bucket" → its storage options
+
+
+def configure(uri: str, options: Mapping[str, str] | None) -> None:
+    """Use `options` (see `STORAGE_OPTIONS`; case does not matter) for every object of the
+    bucket of `uri` from now on, over the environment's settings; None: the environment's.
+    Raises ConfigError for an option it does not know."""
+    if not is_remote(uri):
+        return
+    root = _bucket_root(uri)
+    if options is None:
+        _configured.pop(root, None)
+        return
+    given = {key.lower(): str(value) for key, value in options.items()}
+    if unknown := sorted(set(given) - set(STORAGE_OPTIONS)):
+        raise ConfigError(f"unknown storage option {unknown[0]!r}; the options are "
+                          f"{', '.join(k.upper() for k in STORAGE_OPTIONS)} (as the environment names them)")
+    _configured[root] = given
+
+
+def storage_options(uri: str) -> dict[str, str] | None:
+    """The options given for the bucket of `uri` (None: none, the environment's apply)."""
+    return _configured.get(_bucket_root(uri)) if is_remote(uri) else None
+
+
+def _bucket_root(uri: str) -> str:
+    scheme, rest = uri.split("://", 1)
+    return f"{scheme}://{rest.partition('/')[0]}"
+
+
+def delta_table(uri: str, version: int | None = None) -> DeltaTable:
+    """The Delta table at `uri` (at `version`: None, the newest), with its bucket's options."""
+    return DeltaTable(uri, version=version, storage_options=storage_options(uri))
+
+
+def is_delta_table(uri: str) -> bool:
+    return DeltaTable.is_deltatable(uri, storage_options=storage_options(uri))
+
+
+def write_delta(target: str | DeltaTable, data: Any, **arguments: Any) -> None:
+    """`write_deltalake` with the bucket's options (a loaded table carries its own)."""
+    options = storage_options(target) if isinstance(target, str) else None
+    write_deltalake(target, data, storage_options=options, **arguments)
+
+
+def scan_parquet(paths: list[str], schema: dict[str, pl.DataType]) -> pl.LazyFrame:
+    """Polars' reader of whole files of `schema`; a column older files lack reads as null."""
+    return pl.scan_parquet(paths, schema=schema, missing_columns="insert", storage_options=storage_options(paths[0]))
 
 
 def is_remote(path: str) -> bool:
@@ -113,15 +177,29 @@ def remove_tree(path: str) -> None:
 def _resolve(uri: str) -> tuple[pafs.FileSystem, str]:
     scheme, rest = uri.split("://", 1)
     bucket, _, key = rest.partition("/")
-    return _filesystem(scheme, bucket), f"{bucket}/{key}"
+    options = _configured.get(f"{scheme}://{bucket}")
+    return _filesystem(scheme, bucket, tuple(sorted(options.items())) if options else ()), f"{bucket}/{key}"
 
 
 @functools.cache
-def _filesystem(scheme: str, bucket: str) -> pafs.FileSystem:
-    """One file system per bucket (resolving one asks the bucket's region)."""
+def _filesystem(scheme: str, bucket: str, options: tuple[tuple[str, str], ...]) -> pafs.FileSystem:
+    """One file system per bucket and options (resolving one asks the bucket's region)."""
     with _lock:
-        filesystem, _ = pafs.FileSystem.from_uri(f"{scheme}://{bucket}/")
-    return filesystem
+        if not options:
+            filesystem, _ = pafs.FileSystem.from_uri(f"{scheme}://{bucket}/")
+            return filesystem
+        given = dict(options)
+        arguments: dict[str, str] = {}
+        for key, value in given.items():
+            if (argument := STORAGE_OPTIONS[key]) is not None:
+                arguments[argument] = value
+        if given.get("aws_allow_http", "").lower() in ("1", "true", "yes"):
+            arguments["scheme"] = "http"
+        if "endpoint_override" in arguments:  # pyarrow takes the host, and the scheme apart
+            endpoint = arguments["endpoint_override"]
+            if "://" in endpoint:
+                arguments["scheme"], arguments["endpoint_override"] = endpoint.split("://", 1)
+        return pafs.S3FileSystem(**arguments)
 
 
 def dataset(paths: list[str], schema: pa.Schema) -> pads.Dataset:

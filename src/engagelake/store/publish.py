@@ -22,7 +22,7 @@ from pathlib import Path
 
 import polars as pl
 import pyarrow as pa
-from deltalake import CommitProperties, DeltaTable, write_deltalake
+from deltalake import CommitProperties
 
 from engagelake.store import merging, objects
 from engagelake.store.delta import Snapshot, writer
@@ -50,11 +50,11 @@ def publish(snapshot: Snapshot, out: str | Path, tables: list[str], memory_limit
             counted = _Counted(merging.stream(con, f'SELECT * FROM "{name}"', _schema(name)))
             target = objects.join(folder, name)
             # one load of the table's log for the write and what follows it (a load is a few ms)
-            table = DeltaTable(target) if DeltaTable.is_deltatable(target) else None
-            write_deltalake(table or target, counted.reader(), mode="overwrite", schema_mode="overwrite",
+            table = objects.delta_table(target) if objects.is_delta_table(target) else None
+            objects.write_delta(table or target, counted.reader(), mode="overwrite", schema_mode="overwrite",
                             writer_properties=writer(name),
                             commit_properties=CommitProperties(custom_metadata={BATCH_KEY: str(batch)}))
-            table = table or DeltaTable(target)
+            table = table or objects.delta_table(target)
             if erase_old:
                 table.alter.set_table_properties({"delta.logRetentionDuration": "interval 0 days"})
             table.vacuum(retention_hours=0 if erase_old else KEEP_HOURS, enforce_retention_duration=False,

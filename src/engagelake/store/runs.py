@@ -31,7 +31,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from engagelake.cpus import pinned
-from engagelake.store import membership, records
+from engagelake.store import membership, objects, records
 from engagelake.store.footers import (
     Footer,
     bloom_path,
@@ -574,7 +574,7 @@ def _read_pool() -> ThreadPoolExecutor:
 
 def _scan(paths: list[str], schema: dict[str, pl.DataType]) -> pl.LazyFrame:
     """Polars' reader of whole files; a column older files lack (a partial row's mask) is null."""
-    return pl.scan_parquet(paths, schema=schema, missing_columns="insert")
+    return objects.scan_parquet(paths, schema)
 
 
 def _conformed(tables: list[pa.Table], schema: dict[str, pl.DataType]) -> pl.DataFrame:
