@@ -1,7 +1,8 @@
 """Prefect flows `export_batch` and `export_all`: users out as `users.ndjson` + `users.parquet`.
 
 `export_batch` exports a list of external IDs through `POST /users/export/ids`, 50 IDs per
-request (the API's limit); `export_all` streams the whole store with `Workspace.iter_users`, chunk by chunk.
+request (the API's limit); `export_all` streams the whole store with `Workspace.iter_users`, chunk by chunk,
+in parts that may run side by side (on a Dask cluster with a `DaskTaskRunner`: `docs/scale-out.md`).
 Both write `users.ndjson` (one exported user a line, shaped like the API's `users` elements)
 and `users.parquet` (one column per field; nested values such as `custom_attributes` as JSON
 text). Exports only read the store, so re-running them is always safe.
@@ -9,16 +10,19 @@ text). Exports only read the store, so re-running them is always safe.
 
 from __future__ import annotations
 
+import shutil
 import time
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger, task
 
 from engagelake import Workspace
-from engagelake.files import read_identifiers, write_user_chunks, write_users_files
+from engagelake.files import join_user_files, read_identifiers, write_user_chunks, write_users_files
 from engagelake.rules.messages import EXPORT_FIELDS
 from engagelake.workspace import EXPORT_CHUNK_USERS
 from flows._artifacts import record_markdown
@@ -69,13 +73,39 @@ def export_chunk(
     return response.body
 
 
-@task(name="export-users", **IO_TASK_OPTIONS)
-def export_every_user(workspace: Workspace, fields: list[str], out_dir: str,
-                      users_per_chunk: int) -> tuple[Path, Path, int]:
-    """Stream every user of the store, shaped like the export endpoint's users, chunk by chunk
-    into `users.ndjson` and `users.parquet`: memory follows a chunk, not the store."""
-    chunks = workspace.iter_users(fields, users_per_chunk=users_per_chunk)
+@dataclass(frozen=True)
+class ExportPlan:
+    """A bulk export cut in parts: the batch every part reads, the clock every part shapes
+    users with, and each part's ranges of `service_id` (`Workspace.export_ranges`)."""
+
+    batch: int
+    at: datetime
+    parts: list[list[tuple[str, str | None]]]
+
+
+@task(name="plan-export", **IO_TASK_OPTIONS)
+def plan_export(store: str, users_per_chunk: int, parts: int) -> ExportPlan:
+    """The batch and key ranges to export, as `parts` runs of consecutive ranges."""
+    batch, ranges = Workspace.open(store, create=False).export_ranges(users_per_chunk)
+    size = -(-len(ranges) // max(parts, 1))  # ranges per part, rounded up
+    return ExportPlan(batch, datetime.now(UTC), [ranges[i : i + size] for i in range(0, len(ranges), size)])
+
+
+@task(name="export-part", task_run_name="export part {part}", **IO_TASK_OPTIONS)
+def export_part(store: str, plan: ExportPlan, part: int, fields: list[str], out_dir: str) -> tuple[Path, Path, int]:
+    """Stream the users of one part, shaped like the export endpoint's users, chunk by chunk into
+    `users.ndjson` and `users.parquet` in `out_dir`: memory follows a chunk, not the store. It
+    opens the store itself, so it may run in any process that reaches the store and `out_dir`
+    (a Dask worker)."""
+    workspace = Workspace.open(store, create=False, clock=lambda: plan.at)
+    chunks = workspace.iter_users(fields, at_batch=plan.batch, key_ranges=plan.parts[part])
     return write_user_chunks(chunks, out_dir, fields)
+
+
+@task(name="join-parts", **IO_TASK_OPTIONS)
+def join_parts(parts: list[tuple[Path, Path, int]], out_dir: str) -> tuple[Path, Path, int]:
+    """The parts' files, in part order, as `users.ndjson` and `users.parquet` in `out_dir`."""
+    return join_user_files(parts, out_dir)
 
 
 @task(name="write-users", **IO_TASK_OPTIONS)
@@ -124,15 +154,28 @@ def export_all(
     store: str = "data/store",
     fields: list[str] | None = None,
     users_per_chunk: int = EXPORT_CHUNK_USERS,
+    parts: int = 1,
 ) -> ExportResult:
     """Export every user of the store into `out_dir`, ordered by `service_id`; `fields`
-    defaults to every field."""
+    defaults to every field. With `parts` > 1 the store's key ranges are cut into that many
+    parts, exported as tasks of their own on the flow's task runner (threads by default; a
+    `DaskTaskRunner` puts them on a Dask cluster's workers), all as of one batch, then joined
+    into the same two files in the same order: the result is the same for any `parts`."""
     logger = get_run_logger()
     started = time.perf_counter()
-    workspace = Workspace.open(store, create=False)  # an export never creates a store
     fields_to_export = list(fields) if fields is not None else list(EXPORT_FIELDS)
-    ndjson_path, parquet_path, count = export_every_user(workspace, fields_to_export, out_dir, users_per_chunk)
-    logger.info("exported all %d users to %s", count, out_dir)
+    plan = plan_export(store, users_per_chunk, parts)  # an export never creates a store
+    if len(plan.parts) <= 1:  # one part writes the files itself
+        ndjson_path, parquet_path, count = export_part(store, plan, 0, fields_to_export, out_dir)
+    else:
+        folder = Path(out_dir) / f".parts-{uuid.uuid4().hex}"
+        futures = [export_part.submit(store, plan, part, fields_to_export, str(folder / f"part-{part:05d}"))
+                   for part in range(len(plan.parts))]
+        try:
+            ndjson_path, parquet_path, count = join_parts([future.result() for future in futures], out_dir)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+    logger.info("exported all %d users to %s in %d part(s)", count, out_dir, max(len(plan.parts), 1))
     record_markdown("export_all", export_summary(store, None, count, [], ndjson_path, parquet_path,
                                                  time.perf_counter() - started))
     return ExportResult(count, ndjson_path, parquet_path)

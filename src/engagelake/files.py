@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -264,6 +265,36 @@ def write_user_chunks(chunks: Iterable[Sequence[dict[str, Any]]], out_dir: str |
     for partial, path in zip(partials, (ndjson, parquet), strict=True):
         os.replace(partial, path)
     return ndjson, parquet, count
+
+
+def join_user_files(parts: Sequence[tuple[Path, Path, int]], out_dir: str | Path) -> tuple[Path, Path, int]:
+    """The `users.ndjson` and `users.parquet` of several exports (`write_user_chunks`), in the
+    order given, as one pair in `out_dir`: lines copied as bytes, row groups as they are.
+    Streamed, each file appearing whole when all is written. Returns both paths and the users."""
+    import pyarrow.parquet as pq
+
+    if not parts:
+        raise ValueError("no export to join")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    ndjson, parquet = out / "users.ndjson", out / "users.parquet"
+    partials = [path.with_name(f".{path.name}.partial") for path in (ndjson, parquet)]
+    writer: pq.ParquetWriter | None = None
+    try:
+        with partials[0].open("wb") as lines:
+            for part_lines, part_rows, _ in parts:
+                with part_lines.open("rb") as source:
+                    shutil.copyfileobj(source, lines)
+                rows = pq.ParquetFile(part_rows)
+                writer = writer or pq.ParquetWriter(partials[1], rows.schema_arrow)
+                for group in range(rows.num_row_groups):
+                    writer.write_table(rows.read_row_group(group))
+    finally:
+        if writer is not None:
+            writer.close()
+    for partial, path in zip(partials, (ndjson, parquet), strict=True):
+        os.replace(partial, path)
+    return ndjson, parquet, sum(users for _, _, users in parts)
 
 
 def write_bytes_atomically(path: Path, data: bytes) -> None:

@@ -22,7 +22,7 @@ import tempfile
 import time
 import uuid
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_for
 from datetime import UTC, datetime, timedelta
@@ -1066,16 +1066,33 @@ class Workspace:
         users = state["profiles"].sort("created_seq").select("service_id")
         return export_frame(state, users, fields_to_export, self.clock())
 
-    def iter_users(self, fields_to_export: list[str] | None = None, *,
-                   users_per_chunk: int = EXPORT_CHUNK_USERS) -> Iterator[list[dict[str, Any]]]:
-        """Every user, shaped as `/users/export/ids` shapes them, in chunks of about
-        `users_per_chunk` users ordered by `service_id`, all as of one committed batch. Each
-        chunk is a range of keys, read from the row groups that hold it: memory follows the
-        chunk, not the store."""
+    @_store_errors
+    def export_ranges(self, users_per_chunk: int = EXPORT_CHUNK_USERS) -> tuple[int, list[tuple[str, str | None]]]:
+        """The plan of a bulk export in parts: the committed batch it reads and the ranges of
+        `service_id` ([low, high), the last without an end) of about `users_per_chunk` users
+        each, that together hold every user. `iter_users(at_batch=..., key_ranges=...)` of
+        any split of the ranges, in any process, gives the chunks `iter_users()` gives."""
         self.store.refresh()
-        snapshot, clock = self.store.snapshot(), self.clock()
+        snapshot = self.store.snapshot()
+        return snapshot.head.batch_no, snapshot.key_ranges("profiles", users_per_chunk)
+
+    def iter_users(self, fields_to_export: list[str] | None = None, *,
+                   users_per_chunk: int = EXPORT_CHUNK_USERS, at_batch: int | None = None,
+                   key_ranges: Sequence[tuple[str, str | None]] | None = None) -> Iterator[list[dict[str, Any]]]:
+        """Every user, shaped as `/users/export/ids` shapes them, in chunks of about
+        `users_per_chunk` users ordered by `service_id`, all as of one committed batch (the
+        newest, or `at_batch`). Each chunk is a range of keys, read from the row groups that
+        hold it: memory follows the chunk, not the store. `key_ranges` (from `export_ranges`)
+        limits it to those ranges, one chunk each."""
+        if at_batch is None:
+            self.store.refresh()
+            snapshot = self.store.snapshot()
+        else:
+            snapshot = self.store.snapshot_at(at_batch)
+        clock = self.clock()
         head = snapshot.head
-        for low, high in snapshot.key_ranges("profiles", users_per_chunk):
+        ranges = snapshot.key_ranges("profiles", users_per_chunk) if key_ranges is None else key_ranges
+        for low, high in ranges:
             users = snapshot.in_range("profiles", low, high).select("service_id").sort("service_id")
             if users.height:
                 state = State.over(snapshot, next_profile_n=head.next_profile_n,

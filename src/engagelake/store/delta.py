@@ -914,6 +914,26 @@ class DeltaStore:
         self._settle_compaction()
         return Snapshot(self, self.head)
 
+    def snapshot_at(self, batch_no: int) -> Snapshot:
+        """The committed tables as batch `batch_no` left them (a ledger row: a batch, a merge or
+        a compaction), for readers in several processes that must see one cut. Their files
+        stay until a compaction after it deletes them; a read then fails."""
+        self.refresh()
+        if batch_no == self.head.batch_no:
+            return self.snapshot()
+        table = objects.delta_table(self._path(LEDGER))
+        present = {field.name for field in table.schema().fields}
+        columns = ["versions", "next_profile_n", "next_update_seq", "seed"]
+        rows = table.to_pyarrow_table(columns=[c for c in columns if c in present],
+                                      filters=[("batch_no", "=", batch_no)])
+        if not rows.num_rows:
+            raise StoreError(f"the store at {self.uri} holds no batch {batch_no} (its newest is "
+                             f"{self.head.batch_no})")
+        r = {name: rows.column(name)[0].as_py() for name in rows.column_names}
+        self._settle_compaction()
+        return Snapshot(self, Head(batch_no, orjson.loads(r["versions"]), r["next_profile_n"], r["next_update_seq"],
+                                   r["seed"], content_batch=batch_no))
+
     def find_batch(self, key: str) -> StoredBatch | None:
         """The committed batch with this idempotency key, if any: its responses, the digest of
         its requests (None in a ledger written before digests) and its commit time."""

@@ -1,0 +1,102 @@
+"""Bulk export in parts: one process against a Dask cluster of worker processes.
+
+    cd /work/main && uv run python benchmarks/scale_out.py --store /tmp/store1m [--workers 2] [--parts 4]
+
+Runs the Prefect flow `export_all` over a store (a copy is not needed: an export only reads)
+three ways, each into a fresh folder, under a temporary Prefect server:
+
+1. `parts=1`: one task in the flow's process (the export as it always ran);
+2. `--parts` parts on the flow's default task runner (threads of the flow's process);
+3. `--parts` parts on a `DaskTaskRunner` over a `LocalCluster` of `--workers` worker processes
+   (one thread each), started before the timing.
+
+It prints each run's wall time, users per second and the speed-up against the first, checks
+that the three pairs of files are the same (the lines byte for byte), and measures the fixed
+cost of a Prefect task on the cluster with no-op tasks. The model built on these figures is in
+`docs/scale-out.md`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # flows/ beside src/
+
+from distributed import LocalCluster  # noqa: E402
+from prefect import flow, task  # noqa: E402
+from prefect.testing.utilities import prefect_test_harness  # noqa: E402
+from prefect_dask import DaskTaskRunner  # noqa: E402
+
+from engagelake import Workspace  # noqa: E402
+from flows.export_batch import ExportResult, export_all  # noqa: E402
+
+
+@task
+def noop(n: int) -> int:
+    return n
+
+
+@flow
+def noops(count: int) -> list[int]:
+    return [future.result() for future in noop.map(list(range(count)))]
+
+
+def timed(label: str, run: Callable[[], ExportResult], baseline: float | None) -> tuple[ExportResult, float]:
+    started = time.perf_counter()
+    result = run()
+    seconds = time.perf_counter() - started
+    ratio = f"{baseline / seconds:5.2f}x" if baseline else "  1.00x"
+    print(f"{label:<44}{seconds:9.2f} s{result.users / seconds:12,.0f} users/s   {ratio}")
+    return result, seconds
+
+
+def same(a: ExportResult, b: ExportResult) -> bool:
+    import polars as pl
+
+    return (a.users == b.users and a.ndjson_path.read_bytes() == b.ndjson_path.read_bytes()
+            and pl.read_parquet(a.parquet_path).equals(pl.read_parquet(b.parquet_path)))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--store", required=True, help="the store to export (read only)")
+    parser.add_argument("--workers", type=int, default=2, help="Dask worker processes (default 2)")
+    parser.add_argument("--parts", type=int, default=4, help="parts of the export (default 4)")
+    parser.add_argument("--users-per-chunk", type=int, default=50_000)
+    args = parser.parse_args()
+
+    out = Path(tempfile.mkdtemp(prefix="bench-scale-out-"))
+    batch, ranges = Workspace.open(args.store, create=False).export_ranges(args.users_per_chunk)
+    print(f"store {args.store}: batch {batch}, {len(ranges)} key ranges of about {args.users_per_chunk:,} users")
+    try:
+        with prefect_test_harness(), LocalCluster(n_workers=args.workers, processes=True,
+                                                  threads_per_worker=1) as cluster:
+            dask = DaskTaskRunner(address=cluster.scheduler_address)
+            export = export_all.with_options(task_runner=dask)
+            one, base = timed("parts=1, in the flow's process", lambda: export_all(
+                str(out / "one"), args.store, users_per_chunk=args.users_per_chunk), None)
+            threads, _ = timed(f"parts={args.parts}, threads of the flow's process", lambda: export_all(
+                str(out / "threads"), args.store, users_per_chunk=args.users_per_chunk, parts=args.parts), base)
+            on_dask, _ = timed(f"parts={args.parts}, {args.workers} Dask worker processes", lambda: export(
+                str(out / "dask"), args.store, users_per_chunk=args.users_per_chunk, parts=args.parts), base)
+            print(f"same files: threads {same(threads, one)}, Dask {same(on_dask, one)}")
+            # the fixed cost of a task on the cluster: no-op tasks, as many as the workers run at once
+            count = 8 * args.workers
+            noops.with_options(task_runner=dask)(args.workers)  # the workers import Prefect once
+            started = time.perf_counter()
+            noops.with_options(task_runner=dask)(count)
+            overhead = (time.perf_counter() - started) / count * args.workers
+            print(f"a Prefect task on the cluster costs {overhead * 1000:.0f} ms of a worker "
+                  f"({count} no-op tasks on {args.workers} workers)")
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
