@@ -13,7 +13,8 @@ every flow is safe to re-run.
 - `flows.cleanup_push_tokens.cleanup_push_token_profiles(store)`: monthly, delete the temporary
   anonymous profiles of `push_token_import` that hold no push token any more.
 - `flows.export_batch.export_batch(identifiers, out_dir, store)`: export users by external ID.
-- `flows.export_batch.export_all(out_dir, store)`: export every user of the store.
+- `flows.export_batch.export_all(out_dir, store, parts=1)`: export every user of the store, in
+  `parts` tasks that a `DaskTaskRunner` runs on a Dask cluster (`docs/scale-out.md`).
 
 `flows.serve` holds the deployments (`build_deployments()`) and serves them (`main()`, or
 `python flows/serve.py`); every flow run creates a Prefect artifact keyed by its flow's name

@@ -4,7 +4,9 @@
 
 from __future__ import annotations
 
+import copy
 import shutil
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -12,9 +14,12 @@ from typing import Any
 import polars as pl
 import pytest
 from distributed import Client, LocalCluster
+from hypothesis import given
+from hypothesis import strategies as st
 from polars.testing import assert_frame_equal
 from prefect_dask import DaskTaskRunner
 from tests.test_flows import workload
+from tests.test_model_property import SEED, clock, engine_settings, request_sequences
 
 from engagelake import Workspace
 from engagelake.demo import generate_workload
@@ -52,11 +57,16 @@ def many_users(count: int) -> list[dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory, prefect_harness: None) -> Path:
-    """A store of 60 users with merges, deletes and events (the flows' generated workload),
-    and 3,000 more: its export ranges at 500 users are several."""
+    """A store of 60 users with events and purchases (the flows' generated workload), three
+    merges and two deletes, and 3,000 more users: its export ranges at 500 users are several."""
     folder = tmp_path_factory.mktemp("parts")
     track_batch(str(workload(folder / "requests")[0].parent), str(folder / "store"))
-    Workspace.open(folder / "store").apply(many_users(3000))
+    ws = Workspace.open(folder / "store")
+    ws.apply([*many_users(3000),
+              {"method": "POST", "path": "/users/merge", "body": {"merge_updates": [
+                  {"identifier_to_merge": {"external_id": f"user-{n:06d}"},
+                   "identifier_to_keep": {"external_id": f"user-{n + 1:06d}"}} for n in (0, 10, 20)]}},
+              {"method": "POST", "path": "/users/delete", "body": {"external_ids": ["user-000030", "bulk-00007"]}}])
     return folder / "store"
 
 
@@ -113,3 +123,30 @@ def test_an_export_on_a_dask_cluster_over_s3_equals_one_process(s3: Any, tmp_pat
     assert_same_export(on_dask, one)
     exported = {u.get("external_id") for u in ws.export_users(list(EXPORT_FIELDS))}
     assert set(pl.read_parquet(on_dask.parquet_path)["external_id"].to_list()) == exported
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[LocalCluster]:
+    with LocalCluster(n_workers=2, processes=True, threads_per_worker=1) as local:
+        yield local
+
+
+@pytest.mark.slow
+@engine_settings(6)
+@given(reqs=request_sequences, parts=st.integers(2, 6), per_chunk=st.sampled_from([300, 500, 800]))
+def test_random_stores_export_on_a_dask_cluster_as_in_one_process(
+        tmp_path_factory: pytest.TempPathFactory, cluster: LocalCluster, reqs: list[dict[str, Any]], parts: int,
+        per_chunk: int) -> None:
+    """Random sequences of track, merge, identify, rename, alias and delete requests (the model
+    test's) over 1,600 users: the export in parts on two worker processes equals one part in
+    the flow's process."""
+    folder = tmp_path_factory.mktemp("random")
+    ws = Workspace.open(folder / "store", clock=clock, seed=SEED)
+    ws.apply(many_users(1600))
+    ws.apply(copy.deepcopy(reqs))
+    assert len(ws.export_ranges(per_chunk)[1]) >= 2  # parts of their own
+    one = export_all(str(folder / "one"), str(folder / "store"), users_per_chunk=per_chunk)
+    runner = DaskTaskRunner(address=cluster.scheduler_address)
+    many = export_all.with_options(task_runner=runner)(str(folder / "parts"), str(folder / "store"),
+                                                       users_per_chunk=per_chunk, parts=parts)
+    assert_same_export(many, one)
