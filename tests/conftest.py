@@ -60,7 +60,7 @@ from tests.helpers import open_ws, track_ok  # noqa: E402
 from engagelake import Workspace  # noqa: E402
 
 # the files whose tests use the Prefect test server (tests/prefect_harness.py)
-PREFECT_FILES = {"tests/test_cli.py", "tests/test_deployments.py", "tests/test_flows.py"}
+PREFECT_FILES = {"tests/test_cli.py", "tests/test_deployments.py", "tests/test_flows.py", "tests/test_scale_out.py"}
 # the units of the default run that take longest, longest first (`--durations=0`, summed per file)
 LONGEST_FIRST = (
     "prefect", "tests/test_object_storage.py", "tests/test_merge.py", "tests/test_track_fatal.py", "tests/test_forget_check.py",

@@ -18,7 +18,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 from polars.testing import assert_frame_equal
 from prefect_dask import DaskTaskRunner
-from tests.test_flows import workload
 from tests.test_model_property import SEED, clock, engine_settings, request_sequences
 
 from engagelake import Workspace
@@ -26,7 +25,6 @@ from engagelake.demo import generate_workload
 from engagelake.errors import StoreError
 from engagelake.rules.messages import EXPORT_FIELDS
 from flows.export_batch import ExportResult, export_all
-from flows.track_batch import track_batch
 
 pytest_plugins = ["tests.prefect_harness", "tests.s3_server"]
 pytestmark = pytest.mark.usefixtures("prefect_harness")
@@ -60,9 +58,8 @@ def store(tmp_path_factory: pytest.TempPathFactory, prefect_harness: None) -> Pa
     """A store of 60 users with events and purchases (the flows' generated workload), three
     merges and two deletes, and 3,000 more users: its export ranges at 500 users are several."""
     folder = tmp_path_factory.mktemp("parts")
-    track_batch(str(workload(folder / "requests")[0].parent), str(folder / "store"))
-    ws = Workspace.open(folder / "store")
-    ws.apply([*many_users(3000),
+    ws = Workspace.open(folder / "store", clock=lambda: NOW)
+    ws.apply([*generate_workload(60, 900, seed=3, now=NOW), *many_users(3000),
               {"method": "POST", "path": "/users/merge", "body": {"merge_updates": [
                   {"identifier_to_merge": {"external_id": f"user-{n:06d}"},
                    "identifier_to_keep": {"external_id": f"user-{n + 1:06d}"}} for n in (0, 10, 20)]}},
@@ -70,7 +67,7 @@ def store(tmp_path_factory: pytest.TempPathFactory, prefect_harness: None) -> Pa
     return folder / "store"
 
 
-@pytest.mark.parametrize("parts", [2, 3, 50])
+@pytest.mark.parametrize("parts", [pytest.param(2, marks=pytest.mark.slow), 3, pytest.param(50, marks=pytest.mark.slow)])
 def test_an_export_in_parts_writes_the_files_of_one_part(store: Path, tmp_path: Path, parts: int) -> None:
     """500 users a range, the ranges cut into parts (more parts than ranges: one range each),
     exported side by side and joined: byte for byte the lines of one part, the same rows."""
