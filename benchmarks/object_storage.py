@@ -19,52 +19,32 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
-REQUEST = re.compile(r'"(GET|PUT|HEAD|POST|DELETE) (\S+) HTTP')
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests' S3 server helpers
+
+from tests import s3_server  # noqa: E402
+
 BUCKET = "bench"
 
 
 def start_moto(log: Path) -> subprocess.Popen[bytes]:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    with open(log, "wb") as out:
-        server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                                  stdout=subprocess.DEVNULL, stderr=out)
-    endpoint = f"http://127.0.0.1:{port}"
-    for _ in range(300):
-        try:
-            urllib.request.urlopen(f"{endpoint}/moto-api/", timeout=1)
-            break
-        except OSError:
-            time.sleep(0.05)
-    os.environ.update(AWS_ENDPOINT_URL=endpoint, AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench",
-                      AWS_REGION="us-east-1", AWS_DEFAULT_REGION="us-east-1", AWS_ALLOW_HTTP="true")
+    server, endpoint = s3_server.start_moto(log)
+    os.environ.update(s3_server.environment(endpoint))
     import boto3
 
     boto3.client("s3").create_bucket(Bucket=BUCKET)
     return server
 
 
-class Log:
+class Log(s3_server.S3):
     """The server's requests, read from its access log."""
-
-    def __init__(self, path: Path):
-        self.path = path
-
-    def requests(self) -> list[tuple[str, str]]:
-        found = (REQUEST.search(line) for line in self.path.read_text().splitlines())
-        return [(m.group(1), m.group(2)) for m in found if m is not None]
 
     def settled(self) -> int:
         """How many requests so far, once the log is still (a line lands just after its answer)."""

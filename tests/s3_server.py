@@ -45,28 +45,38 @@ class S3:
 _REQUEST = re.compile(r'"(GET|PUT|HEAD|POST|DELETE) (\S+) HTTP')
 
 
-@pytest.fixture(scope="module")
-def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3]:
-    """A moto S3 server with one bucket, the environment pointing at it."""
+def start_moto(log: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """moto's S3 server as a process on a free loopback port, its access log to `log`; returns
+    the process and its endpoint once it answers."""
     port = _free_port()
-    log = tmp_path_factory.mktemp("moto") / "requests.log"
     with open(log, "wb") as out:  # its access log (one line per request, written as answered)
         server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
                                   stdout=subprocess.DEVNULL, stderr=out)
     endpoint = f"http://127.0.0.1:{port}"
+    for _ in range(300):
+        try:
+            urllib.request.urlopen(f"{endpoint}/moto-api/", timeout=1)
+            return server, endpoint
+        except OSError:
+            time.sleep(0.05)
+    server.terminate()
+    raise RuntimeError("moto's S3 server did not start")
+
+
+def environment(endpoint: str) -> dict[str, str]:
+    """The variables that point delta-rs, Polars, pyarrow and boto3 at the server."""
+    return {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_REGION": "us-east-1", "AWS_DEFAULT_REGION": "us-east-1", "AWS_ALLOW_HTTP": "true"}
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3]:
+    """A moto S3 server with one bucket, the environment pointing at it."""
+    log = tmp_path_factory.mktemp("moto") / "requests.log"
+    server, endpoint = start_moto(log)
     try:
-        for _ in range(300):
-            try:
-                urllib.request.urlopen(f"{endpoint}/moto-api/", timeout=1)
-                break
-            except OSError:
-                time.sleep(0.05)
-        else:
-            raise RuntimeError("moto's S3 server did not start")
         with pytest.MonkeyPatch.context() as env:
-            for name, value in {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "testing",
-                                "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-east-1",
-                                "AWS_DEFAULT_REGION": "us-east-1", "AWS_ALLOW_HTTP": "true"}.items():
+            for name, value in environment(endpoint).items():
                 env.setenv(name, value)
             import boto3
 
