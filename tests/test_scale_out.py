@@ -18,13 +18,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 from polars.testing import assert_frame_equal
 from prefect_dask import DaskTaskRunner
+from tests.test_flows import workload
 from tests.test_model_property import SEED, clock, engine_settings, request_sequences
 
 from engagelake import Workspace
 from engagelake.demo import generate_workload
 from engagelake.errors import StoreError
+from engagelake.files import read_responses_file
 from engagelake.rules.messages import EXPORT_FIELDS
-from flows.export_batch import ExportResult, export_all
+from flows.export_batch import ExportResult, export_all, export_batch
+from flows.track_batch import compact_store, publish_current, track_batch
 
 pytest_plugins = ["tests.prefect_harness", "tests.s3_server"]
 pytestmark = pytest.mark.usefixtures("prefect_harness")
@@ -71,7 +74,7 @@ def store(tmp_path_factory: pytest.TempPathFactory, prefect_harness: None) -> Pa
 def test_an_export_in_parts_writes_the_files_of_one_part(store: Path, tmp_path: Path, parts: int) -> None:
     """500 users a range, the ranges cut into parts (more parts than ranges: one range each),
     exported side by side and joined: byte for byte the lines of one part, the same rows."""
-    assert len(Workspace.open(store).export_ranges(500)[1]) >= 4
+    assert len(Workspace.open(store).export_ranges(500)[1]) >= 3  # a range per row group of 1,024 profiles
     one = export_all(str(tmp_path / "one"), str(store), users_per_chunk=500)
     assert one.users == Workspace.open(store).table("profiles").collect().height
     assert_same_export(export_all(str(tmp_path / "parts"), str(store), users_per_chunk=500, parts=parts), one)
@@ -84,7 +87,7 @@ def test_parts_read_the_batch_the_plan_read(store: Path, tmp_path: Path) -> None
     shutil.copytree(store, copied)
     ws = Workspace.open(copied, clock=lambda: NOW)
     batch, ranges = ws.export_ranges(users_per_chunk=500)
-    assert len(ranges) >= 4
+    assert len(ranges) >= 3
     before = [u for chunk in ws.iter_users(["external_id"], at_batch=batch, key_ranges=ranges) for u in chunk]
     ws.call("POST", "/users/track", {"attributes": [{"external_id": "late-user", "plan": "gold"}]})
     ws.call("POST", "/users/delete", {"external_ids": [before[0]["external_id"]]})
@@ -147,3 +150,30 @@ def test_random_stores_export_on_a_dask_cluster_as_in_one_process(
     many = export_all.with_options(task_runner=runner)(str(folder / "parts"), str(folder / "store"),
                                                        users_per_chunk=per_chunk, parts=parts)
     assert_same_export(many, one)
+
+
+@pytest.mark.slow
+def test_the_flows_run_unchanged_on_a_dask_cluster_over_s3(s3: Any, cluster: LocalCluster, tmp_path: Path) -> None:
+    """`track_batch`, `compact_store`, `publish_current` and `export_batch` given a
+    `DaskTaskRunner` and a store on moto's S3 answer and leave the store as with the default
+    runner on another store (their tasks run in the flow: each batch is one process's)."""
+    runner = DaskTaskRunner(address=cluster.scheduler_address)
+    stores = {"default": s3(), "dask": s3()}
+    fields = [f for f in EXPORT_FIELDS if f not in ("service_id", "created_at", "random_bucket")]  # the store's own
+    applied = {}
+    for name, uri in stores.items():
+        folder = tmp_path / name
+        workload(folder / "requests")
+        run = (lambda flow: flow) if name == "default" else (lambda flow: flow.with_options(task_runner=runner))
+        applied[name] = [(a.path.name, a.statuses, a.errors) for a in run(track_batch)(str(folder / "requests"), uri)]
+        assert run(compact_store)(uri)["profiles"] > 0
+        assert run(publish_current)(uri)["profiles"] > 0
+        (folder / "ids.txt").write_text("user-000001\nuser-000002\nnobody\n")
+        result = run(export_batch)(str(folder / "ids.txt"), str(folder / "export"), uri, fields=fields)
+        assert result.users == 2 and result.invalid_user_ids == ["nobody"]
+    assert applied["dask"] == applied["default"]
+    for response in sorted((tmp_path / "dask" / "requests").glob("*.responses.ndjson")):
+        assert read_responses_file(response) == read_responses_file(tmp_path / "default" / "requests" / response.name)
+    assert Workspace.open(stores["dask"]).export_users(fields) == Workspace.open(stores["default"]).export_users(fields)
+    assert (tmp_path / "dask" / "export" / "users.ndjson").read_bytes() == \
+        (tmp_path / "default" / "export" / "users.ndjson").read_bytes()
