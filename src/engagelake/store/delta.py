@@ -528,7 +528,7 @@ class DeltaStore:
     def _create_table(self, name: str) -> int:
         """An empty table at its first version (also for tables added after the store was made)."""
         objects.write_delta(self._path(name), pl.DataFrame(schema=_stored_schema(name)).to_arrow(), mode="overwrite",
-                        configuration=None if self.local else objects.LOG_PROPERTIES)
+                            configuration=None if self.local else objects.LOG_PROPERTIES)
         return objects.delta_table(self._path(name)).version()
 
     def _append_ledger(self, batch_no: int, key: str | None, versions: dict[str, int], next_n: int,
@@ -555,8 +555,8 @@ class DeltaStore:
         # a ledger written before a column gains it here (older rows: null)
         if create:
             objects.write_delta(self._path(LEDGER), row.to_arrow(), mode="append", schema_mode="merge",
-                            writer_properties=LEDGER_WRITER,
-                            configuration=LEDGER_PROPERTIES if self.local else {**LEDGER_PROPERTIES, **objects.LOG_PROPERTIES})
+                                writer_properties=LEDGER_WRITER,
+                                configuration=LEDGER_PROPERTIES if self.local else {**LEDGER_PROPERTIES, **objects.LOG_PROPERTIES})
             return None
         if not self._ledger_properties_set:  # a ledger made before them gets them (once per process)
             table = self._latest(LEDGER)
@@ -586,7 +586,7 @@ class DeltaStore:
                 return mine
         table = self._latest(name)  # the write moves it to its new version
         objects.write_delta(table, data, mode="append", writer_properties=properties,
-                        schema_mode="merge" if name in PARTIAL or name == LEDGER else None)
+                            schema_mode="merge" if name in PARTIAL or name == LEDGER else None)
         self._heads.pop(name, None)
         if name != LEDGER:
             with self._cache_lock:
@@ -1280,7 +1280,7 @@ class DeltaStore:
                                     bottom=bottom, fold=any(run.partial for run in runs))
             table = self._latest(name)
             objects.write_delta(table, merging.stream(con, sql, schema), mode="overwrite",
-                            predicate=f"_batch >= {since}", writer_properties=writer(name))
+                                predicate=f"_batch >= {since}", writer_properties=writer(name))
         self._written[name] = table  # the next append need not load the log again (`_latest`)
         self._heads.pop(name, None)
         with self._cache_lock:  # nor need the appends and reads after it (`_note_append`)
@@ -1326,7 +1326,7 @@ class DeltaStore:
                     rows = self._compacted(con, snap, name, batch_no, gone, held)
                     if not self._overwrite_with_files(name, table, rows):
                         objects.write_delta(table, rows, mode="overwrite", writer_properties=writer(name),
-                                        schema_mode="overwrite" if name in PARTIAL else None)
+                                            schema_mode="overwrite" if name in PARTIAL else None)
                     _failpoint(f"compact:{name}")
             self._compact_ledger(gone, held)
             _failpoint("compact:_ledger")
@@ -1389,7 +1389,7 @@ class DeltaStore:
                 FROM marked{"" if in_order else " ORDER BY batch_no"}"""  # sorting spilled, and took 300 MB more
             table.alter.set_table_properties({**LEDGER_PROPERTIES, "delta.logRetentionDuration": "interval 0 days"})
             objects.write_delta(table, merging.stream(con, sql, LEDGER_ARROW), mode="overwrite",
-                            schema_mode="overwrite", writer_properties=LEDGER_WRITER)
+                                schema_mode="overwrite", writer_properties=LEDGER_WRITER)
 
     def _overwrite_with_files(self, name: str, table: DeltaTable, rows: pa.RecordBatchReader | pa.Table) -> bool:
         """Replace every file of `name` by `rows`, written by pyarrow as they stream in, a file

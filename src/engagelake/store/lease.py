@@ -146,7 +146,7 @@ class Lease:
             except TableNotFoundError:
                 try:
                     objects.write_delta(self.uri, _SCHEMA.empty_table(), mode="error",
-                                    configuration=objects.LOG_PROPERTIES)
+                                        configuration=objects.LOG_PROPERTIES)
                 except DeltaError as error:  # another writer created it first ("already exists",
                     # or a conflict on its first version): it is there to load, else this error goes up
                     try:

@@ -52,8 +52,8 @@ def publish(snapshot: Snapshot, out: str | Path, tables: list[str], memory_limit
             # one load of the table's log for the write and what follows it (a load is a few ms)
             table = objects.delta_table(target) if objects.is_delta_table(target) else None
             objects.write_delta(table or target, counted.reader(), mode="overwrite", schema_mode="overwrite",
-                            writer_properties=writer(name),
-                            commit_properties=CommitProperties(custom_metadata={BATCH_KEY: str(batch)}))
+                                writer_properties=writer(name),
+                                commit_properties=CommitProperties(custom_metadata={BATCH_KEY: str(batch)}))
             table = table or objects.delta_table(target)
             if erase_old:
                 table.alter.set_table_properties({"delta.logRetentionDuration": "interval 0 days"})
