@@ -287,6 +287,74 @@ def test_a_commit_that_fails_midway_on_s3_is_rolled_back_by_the_next_writer(
         assert_same(reader.export_users(), local.export_users(), "every user")
 
 
+def test_table_versions_no_ledger_row_names_are_rolled_back_before_a_write_even_after_a_clean_lease(
+        s3: Callable[[], str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A writer's tables are written and its ledger row is refused; then another holder gives
+    the lease back clean without looking (as after a writer whose turn ended wrote on), so the
+    next writer skips the roll-back check. Its writes must still not build on those versions:
+    the refused batch's users would appear."""
+    uri = s3()
+    ws, local = open_s3(uri), Workspace.open(tmp_path / "store", clock=clock, seed=SEED)
+    first = {"attributes": [{"external_id": "a", "plan": "free"}]}
+    refused = {"attributes": [{"external_id": "a", "plan": "lost"}, {"external_id": "ghost"}]}
+    then = {"attributes": [{"external_id": "b", "plan": "pro"}, {"external_id": "a", "visits": 1}]}
+    for store in (ws, local):
+        assert store.call("POST", "/users/track", first).status == 201
+    with monkeypatch.context() as patch:
+        patch.setattr(DeltaStore, "_append_ledger", lambda *args, **kwargs: (_ for _ in ()).throw(
+            StoreError("this writer's turn had ended")))
+        with pytest.raises(StoreError, match="turn had ended"):
+            ws.call("POST", "/users/track", refused)
+    janitor = Lease(uri)  # takes the unclean lease, gives it back clean, rolls nothing back
+    janitor.acquire(5.0)
+    janitor.release(clean=True)
+    after = open_s3(uri)
+    assert after.call("POST", "/users/track", then).status == 201
+    local.call("POST", "/users/track", then)
+    for reader in (after, open_s3(uri)):
+        assert_same(reader.export_users(), local.export_users(), "every user")
+        assert "ghost" not in reader.table("external_ids").collect()["external_id"].to_list()
+
+
+def test_a_writer_whose_lease_ended_unseen_cannot_write_its_ledger_row_after_another_commit(
+        s3: Callable[[], str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Writer A's renewals stop unseen (a pause) after it wrote its tables; its lease ends,
+    writer B takes it, rolls A's tables back and commits; A then passes `Lease.check` (the race
+    the lease alone leaves open) and goes to write its ledger row: refused, as the ledger moved
+    since A read it. The store holds B's batch and not A's."""
+    monkeypatch.setattr(lease, "LEASE_S", 0.5)
+    uri = s3()
+    a, b = open_s3(uri), open_s3(uri)
+    local = Workspace.open(tmp_path / "store", clock=clock, seed=SEED)
+    first = {"attributes": [{"external_id": "u1", "plan": "free"}]}
+    for store in (a, local):
+        assert store.call("POST", "/users/track", first).status == 201
+    real = DeltaStore._append_ledger
+    others = {"attributes": [{"external_id": "u2", "plan": "pro"}, {"external_id": "u1", "visits": 2}]}
+
+    def paused_then_resumed(self: DeltaStore, *args: Any, **kwargs: Any) -> Any:
+        if self is a.store and kwargs.get("kind") == "batch":
+            held = self._lease
+            assert held is not None
+            held._stop.set()  # its renewals stop, and nothing notices
+            assert held._renewer is not None
+            held._renewer.join()
+            time.sleep(0.7)  # its lease has ended
+            assert b.call("POST", "/users/track", others).status == 201  # B takes over and commits
+            assert held._lost is None  # the check before the row passes
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(DeltaStore, "_append_ledger", paused_then_resumed)
+    with pytest.raises(StoreError, match="another writer committed"):
+        a.call("POST", "/users/track", {"attributes": [{"external_id": "u1", "plan": "lost"},
+                                                       {"external_id": "ghost"}]})
+    monkeypatch.setattr(DeltaStore, "_append_ledger", real)
+    local.call("POST", "/users/track", others)
+    for reader in (open_s3(uri), b):
+        assert_same(reader.export_users(), local.export_users(), "every user")
+    assert open_s3(uri).call("POST", "/users/track", {"attributes": [{"external_id": "u3"}]}).status == 201
+
+
 @pytest.mark.slow
 def test_writer_processes_on_s3_all_commit_and_lose_no_update(s3: Callable[[], str]) -> None:
     uri = s3()

@@ -45,6 +45,12 @@ class StaleStoreError(StoreError):
     """Another writer committed while a batch was being computed; recompute and retry."""
 
 
+class TurnEndedError(StoreError):
+    """A writer on object storage lost its lease before its ledger row (a pause past the lease,
+    renewals that failed): the batch was not committed, whatever another writer committed
+    meanwhile under the same batch number."""
+
+
 class IdempotencyKeyReused(StoreError):
     """`apply` got an idempotency key that a committed batch of different requests holds:
     nothing was applied, and the stored responses (of the other batch) are not answered."""

@@ -45,9 +45,16 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from deltalake import ColumnProperties, DeltaTable, WriterProperties
+from deltalake import ColumnProperties, CommitProperties, DeltaTable, WriterProperties
 
-from engagelake.errors import NotAStore, StaleStoreError, StoreDamaged, StoreError, StoreReadOnly
+from engagelake.errors import (
+    NotAStore,
+    StaleStoreError,
+    StoreDamaged,
+    StoreError,
+    StoreReadOnly,
+    TurnEndedError,
+)
 from engagelake.store import appends, merging, objects, records
 from engagelake.store.footers import index_path, prune_indexes
 from engagelake.store.lease import Lease
@@ -513,8 +520,10 @@ class DeltaStore:
         table = self._written.get(name)
         if table is None and not self.local:
             table = self._written[name] = objects.delta_table(self._path(name))
-            if any(table.metadata().configuration.get(k) != v for k, v in objects.LOG_PROPERTIES.items()):
+            if name != LEDGER and any(table.metadata().configuration.get(k) != v
+                                      for k, v in objects.LOG_PROPERTIES.items()):
                 table.alter.set_table_properties(objects.LOG_PROPERTIES)  # a table made before them
+                # (the ledger gets them with its own properties, after the fence: `_append_ledger`)
         elif table is not None and not self.local:
             # object storage: the versions since, read from the log (a list and a get each),
             # not the whole log again (a get per entry since the last checkpoint, for each
@@ -525,6 +534,18 @@ class DeltaStore:
             table = self._written[name] = objects.delta_table(self._path(name))
         return table
 
+    def _at_named(self, name: str, named: int | None) -> DeltaTable:
+        """`_latest(name)` on object storage, rolled back first to `named` (the version the
+        ledger names) when it holds versions beyond it. No ledger row names them: a writer
+        whose turn ended mid-commit wrote them (`_fence` then refused its row), possibly after
+        the next holder gave the lease back clean, so that `_recover` was skipped. A write
+        built on them would publish their rows."""
+        table = self._latest(name)
+        if name != LEDGER and named is not None and table.version() > named:
+            table.restore(named)
+            table.update_incremental()  # the restore's own version, which the write follows
+        return table
+
     def _create_table(self, name: str) -> int:
         """An empty table at its first version (also for tables added after the store was made)."""
         objects.write_delta(self._path(name), pl.DataFrame(schema=_stored_schema(name)).to_arrow(), mode="overwrite",
@@ -533,12 +554,17 @@ class DeltaStore:
 
     def _append_ledger(self, batch_no: int, key: str | None, versions: dict[str, int], next_n: int,
                        next_seq: int, seed: str, responses: list[Any], *, kind: str, create: bool = False,
-                       digest: str | None = None, subjects: pl.Series | None = None) -> int | None:
+                       digest: str | None = None, subjects: pl.Series | None = None,
+                       after: int | None = None) -> int | None:
         """Append one ledger row; returns the ledger version it made (None when creating).
         Responses are stored for a keyed batch only (nothing else can ask for them again),
-        with the users they concern (`subjects`)."""
+        with the users they concern (`subjects`). `after`: on object storage, the ledger version
+        the writer read its head at, under its lease; the row is written only as the version
+        right after it (`_fence`)."""
         if self._lease is not None and not create:
             self._lease.check()  # a writer whose turn ended must not publish
+            if after is not None:
+                self._fence(after)
         keyed = key is not None
         row = pl.DataFrame(
             {
@@ -560,10 +586,22 @@ class DeltaStore:
             return None
         if not self._ledger_properties_set:  # a ledger made before them gets them (once per process)
             table = self._latest(LEDGER)
-            if table.metadata().configuration.get(next(iter(LEDGER_PROPERTIES))) != next(iter(LEDGER_PROPERTIES.values())):
-                table.alter.set_table_properties(LEDGER_PROPERTIES)
+            wanted = LEDGER_PROPERTIES if self.local else {**LEDGER_PROPERTIES, **objects.LOG_PROPERTIES}
+            if any(table.metadata().configuration.get(k) != v for k, v in wanted.items()):
+                table.alter.set_table_properties(wanted)
             self._ledger_properties_set = True
         return self._append(LEDGER, row.to_arrow(), LEDGER_ARROW, LEDGER_FILES, LEDGER_WRITER)
+
+    def _fence(self, after: int) -> None:
+        """Refuse to write a ledger row unless the ledger is still at version `after`, the one
+        this writer read its head at. The lease alone leaves a gap: a holder paused past its
+        lease (or whose renewals failed unseen) passes `Lease.check` just before another
+        writer takes over and commits; its row would then land after theirs, naming table
+        versions built on what they rolled back. The row's own commit allows no retry, so a
+        commit that comes between this check and the write fails it too."""
+        if (now := self._latest(LEDGER).version()) != after:
+            raise TurnEndedError(f"another writer committed to the store at {self.uri} (ledger version {now}, this "
+                             f"batch read {after}): this writer's turn had ended; the batch was not committed")
 
     def _append(self, name: str, data: pa.Table | pa.RecordBatchReader, schema: pa.Schema,
                 options: appends.FileOptions, properties: WriterProperties) -> int:
@@ -584,9 +622,11 @@ class DeltaStore:
                 with self._cache_lock:  # the next batch's reads take files and statistics without loading the log
                     self._note_append(name, mine, None if added is None else added[0])
                 return mine
-        table = self._latest(name)  # the write moves it to its new version
+        table = self._at_named(name, self.head.versions.get(name))  # the write moves it to its new version
         objects.write_delta(table, data, mode="append", writer_properties=properties,
-                            schema_mode="merge" if name in PARTIAL or name == LEDGER else None)
+                            schema_mode="merge" if name in PARTIAL or name == LEDGER else None,
+                            # the ledger's row is the version after the one the writer read (`_fence`)
+                            commit_properties=CommitProperties(max_commit_retries=0) if name == LEDGER else None)
         self._heads.pop(name, None)
         if name != LEDGER:
             with self._cache_lock:
@@ -1118,12 +1158,13 @@ class DeltaStore:
             self._merge_ledger_row(head, versions, merged)
         return merged, dict(head.versions), versions
 
-    def _merge_ledger_row(self, head: Head, versions: dict[str, int], merged: list[str]) -> None:
+    def _merge_ledger_row(self, head: Head, versions: dict[str, int], merged: list[str], *,
+                          after: int | None = None) -> None:
         """The ledger row of kind "merge" that publishes the tables `merged` (none: no row)."""
         if merged:
             _failpoint("before_merge_ledger")
             self._append_ledger(head.batch_no + 1, None, versions, head.next_profile_n, head.next_update_seq,
-                                head.seed, [], kind="merge")
+                                head.seed, [], kind="merge", after=after)
 
     def _merged_files(self, name: str, runs: list[merging.Run], *, bottom: bool,
                       into: str) -> list[tuple[dict[str, Any], int]]:
@@ -1149,17 +1190,18 @@ class DeltaStore:
         with self._writer_lock():
             if self._compacting():
                 return []
-            head = self._read_head(note=False)
+            ledger = self._latest(LEDGER)
+            head = self._read_head(ledger, note=False)
             self._recover(head, list(SORT_BY) if tables is None else tables)
             versions = dict(head.versions)
             merged = []
             for name in SORT_BY if tables is None else tables:
                 runs = self.runs(name, versions.get(name))
                 if chosen := self._merge_plan(runs):
-                    versions[name] = self._merge(name, chosen, bottom=len(chosen) == len(runs))
+                    versions[name] = self._merge(name, chosen, bottom=len(chosen) == len(runs), named=versions.get(name))
                     merged.append(name)
                     _failpoint(f"merge:{name}")
-            self._merge_ledger_row(head, versions, merged)
+            self._merge_ledger_row(head, versions, merged, after=ledger.version())
         return merged
 
     def index_footers(self, name: str, files: list[str] | None = None) -> int:
@@ -1219,11 +1261,15 @@ class DeltaStore:
         _failpoint("before_ledger")
         try:
             mine = self._append_ledger(batch_no, key, versions, next_profile_n, next_update_seq, self.head.seed,
-                                       responses, kind="batch", digest=digest, subjects=subjects)
+                                       responses, kind="batch", digest=digest, subjects=subjects,
+                                       after=self._ledger_version)
+        except TurnEndedError:
+            raise  # nothing written: a row of this number is another writer's
         except Exception as error:
             # delta-rs may raise after its commit (a checkpoint it writes after the log entry):
             # a batch whose ledger row landed is committed, and saying otherwise would get it
-            # applied twice by a caller that retries
+            # applied twice by a caller that retries (the lease is still this writer's: the row
+            # of this number is its own)
             if not self._landed(batch_no):
                 raise
             self.commit_errors.append(error)
@@ -1264,7 +1310,7 @@ class DeltaStore:
             self._due_pending.add(name)
         _failpoint(f"after_table:{name}")
 
-    def _merge(self, name: str, runs: list[merging.Run], *, bottom: bool) -> int:
+    def _merge(self, name: str, runs: list[merging.Run], *, bottom: bool, named: int | None) -> int:
         """Write the newest `runs` of `name` as one run that replaces them in a single Delta
         commit (see `store/merging.py`); returns the table's new version."""
         started = time.perf_counter()
@@ -1278,7 +1324,7 @@ class DeltaStore:
             source = _files_source(con, name, files, schema, partial=name in PARTIAL, local=self.local)
             sql = merging.merge_sql(name, list(_stored_schema(name)), KEYS[name], order, source, since=since,
                                     bottom=bottom, fold=any(run.partial for run in runs))
-            table = self._latest(name)
+            table = self._at_named(name, named)
             objects.write_delta(table, merging.stream(con, sql, schema), mode="overwrite",
                                 predicate=f"_batch >= {since}", writer_properties=writer(name))
         self._written[name] = table  # the next append need not load the log again (`_latest`)

@@ -31,7 +31,7 @@ import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 
-from engagelake.errors import StaleStoreError, StoreError
+from engagelake.errors import StaleStoreError, StoreError, TurnEndedError
 from engagelake.store import objects
 
 LEASE = "_writer_lease"  # the table, beside the store's tables
@@ -107,9 +107,9 @@ class Lease:
                           "retry later, or open the workspace with a longer retry_for")
 
     def check(self) -> None:
-        """Raise StoreError if the lease was lost while held: the caller must not publish."""
+        """Raise TurnEndedError if the lease was lost while held: the caller must not publish."""
         if self._lost is not None:
-            raise StoreError(f"this writer lost its turn at the store ({self._lost}); the batch was not committed")
+            raise TurnEndedError(f"this writer lost its turn at the store ({self._lost}); the batch was not committed")
 
     def release(self, *, clean: bool = False) -> None:
         if not self._held:
