@@ -178,12 +178,23 @@ def _resolve(uri: str) -> tuple[pafs.FileSystem, str]:
     scheme, rest = uri.split("://", 1)
     bucket, _, key = rest.partition("/")
     options = _configured.get(f"{scheme}://{bucket}")
-    return _filesystem(scheme, bucket, tuple(sorted(options.items())) if options else ()), f"{bucket}/{key}"
+    given = tuple(sorted(options.items())) if options else ()
+    return _filesystem(scheme, bucket, given, _environment()), f"{bucket}/{key}"
+
+
+def _environment() -> tuple[str | None, ...]:
+    """The variables a file system takes from the environment when it is made: a change of
+    them (another endpoint, other credentials) makes another."""
+    return tuple(os.environ.get(f"AWS_{name}") for name in (
+        "ENDPOINT_URL", "REGION", "DEFAULT_REGION", "ACCESS_KEY_ID", "SECRET_ACCESS_KEY", "SESSION_TOKEN",
+        "ALLOW_HTTP"))
 
 
 @functools.cache
-def _filesystem(scheme: str, bucket: str, options: tuple[tuple[str, str], ...]) -> pafs.FileSystem:
-    """One file system per bucket and options (resolving one asks the bucket's region)."""
+def _filesystem(scheme: str, bucket: str, options: tuple[tuple[str, str], ...],
+                environment: tuple[str | None, ...]) -> pafs.FileSystem:
+    """One file system per bucket, options and environment (resolving one asks the bucket's
+    region)."""
     with _lock:
         if not options:
             filesystem, _ = pafs.FileSystem.from_uri(f"{scheme}://{bucket}/")
