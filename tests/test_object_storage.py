@@ -141,6 +141,7 @@ def _objects_holding(uri: str, text: str) -> list[str]:
     return [k for k in keys if text.encode() in client.get_object(Bucket=bucket, Key=k)["Body"].read()]
 
 
+@pytest.mark.slow  # several stores, commits and publications against moto: seconds each
 def test_compaction_on_s3_erases_a_deleted_user_from_every_object(s3: Callable[[], str], tmp_path: Path) -> None:
     """After a delete, the user's rows stay in older objects (behind tombstones); compaction
     rewrites every table to its current rows and deletes the objects and log entries that held
@@ -168,6 +169,7 @@ def test_compaction_on_s3_erases_a_deleted_user_from_every_object(s3: Callable[[
     assert after.call("POST", "/users/track", {"attributes": [{"external_id": "u9"}]}).status == 201
 
 
+@pytest.mark.slow  # several stores, commits and publications against moto: seconds each
 def test_a_publication_on_s3_holds_the_current_rows(s3: Callable[[], str]) -> None:
     """`publish` writes plain Delta tables and the marker under `<store>/current` on S3 (it
     joined paths as a folder's: "Unable to recognise URL s3:/..."), readable by `pl.read_delta`."""
@@ -287,6 +289,7 @@ def test_a_commit_that_fails_midway_on_s3_is_rolled_back_by_the_next_writer(
         assert_same(reader.export_users(), local.export_users(), "every user")
 
 
+@pytest.mark.slow  # several stores, commits and publications against moto: seconds each
 def test_table_versions_no_ledger_row_names_are_rolled_back_before_a_write_even_after_a_clean_lease(
         s3: Callable[[], str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A writer's tables are written and its ledger row is refused; then another holder gives
@@ -316,6 +319,7 @@ def test_table_versions_no_ledger_row_names_are_rolled_back_before_a_write_even_
         assert "ghost" not in reader.table("external_ids").collect()["external_id"].to_list()
 
 
+@pytest.mark.slow  # several stores, commits and publications against moto: seconds each
 def test_a_writer_whose_lease_ended_unseen_cannot_write_its_ledger_row_after_another_commit(
         s3: Callable[[], str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Writer A's renewals stop unseen (a pause) after it wrote its tables; its lease ends,
