@@ -22,9 +22,7 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests' S3 server helpers
@@ -41,27 +39,6 @@ def start_moto(log: Path) -> subprocess.Popen[bytes]:
 
     boto3.client("s3").create_bucket(Bucket=BUCKET)
     return server
-
-
-class Log(s3_server.S3):
-    """The server's requests, read from its access log."""
-
-    def settled(self) -> int:
-        """How many requests so far, once the log is still (a line lands just after its answer)."""
-        count = len(self.requests())
-        while True:
-            time.sleep(0.05)
-            if (now := len(self.requests())) == count:
-                return count
-            count = now
-
-    def during(self, step: Callable[[], object]) -> tuple[list[tuple[str, str]], float]:
-        before = self.settled()
-        started = time.perf_counter()
-        step()
-        seconds = time.perf_counter() - started
-        self.settled()
-        return self.requests()[before:], seconds
 
 
 def kind(method: str, path: str) -> str:
@@ -95,7 +72,7 @@ def main() -> None:
 
     folder = Path(tempfile.mkdtemp(prefix="bench-s3-"))
     server = start_moto(folder / "moto.log")
-    log = Log(folder / "moto.log")
+    log = s3_server.S3(folder / "moto.log")
     from engagelake import Workspace
 
     uri = f"s3://{BUCKET}/store"

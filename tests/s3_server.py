@@ -13,7 +13,7 @@ import sys
 import time
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -40,6 +40,24 @@ class S3:
     def requests(self) -> list[tuple[str, str]]:
         found = (_REQUEST.search(line) for line in self.log.read_text().splitlines())
         return [(m.group(1), m.group(2)) for m in found if m is not None]
+
+    def settled(self) -> int:
+        """How many requests so far, once the log is still (a line lands just after its answer)."""
+        count = len(self.requests())
+        while True:
+            time.sleep(0.05)
+            if (now := len(self.requests())) == count:
+                return count
+            count = now
+
+    def during(self, step: Callable[[], object]) -> tuple[list[tuple[str, str]], float]:
+        """The requests the server answered while `step` ran, and its seconds."""
+        before = self.settled()
+        started = time.perf_counter()
+        step()
+        seconds = time.perf_counter() - started
+        self.settled()
+        return self.requests()[before:], seconds
 
 
 _REQUEST = re.compile(r'"(GET|PUT|HEAD|POST|DELETE) (\S+) HTTP')

@@ -497,17 +497,8 @@ def test_a_creation_on_s3_that_died_before_its_ledger_is_done_again(s3: Callable
 
 
 def _requests_of(s3: S3, step: Callable[[], object]) -> int:
-    """How many requests the S3 server answered during `step` (its log line for a request
-    may land just after the answer: the count is read once the log is still)."""
-    def settled() -> int:
-        count = len(s3.requests())
-        while (time.sleep(0.05), len(s3.requests()))[1] != count:
-            count = len(s3.requests())
-        return count
-
-    before = settled()
-    step()
-    return settled() - before
+    """How many requests the S3 server answered during `step`."""
+    return len(s3.during(step)[0])
 
 
 @pytest.mark.slow

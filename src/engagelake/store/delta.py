@@ -537,11 +537,11 @@ class DeltaStore:
     def _at_named(self, name: str, named: int | None) -> DeltaTable:
         """`_latest(name)` on object storage, rolled back first to `named` (the version the
         ledger names) when it holds versions beyond it. No ledger row names them: a writer
-        whose turn ended mid-commit wrote them (`_fence` then refused its row), possibly after
+        whose turn ended mid-commit wrote them (`_fenced_ledger` then refused its row), possibly after
         the next holder gave the lease back clean, so that `_recover` was skipped. A write
         built on them would publish their rows."""
         table = self._latest(name)
-        if name != LEDGER and named is not None and table.version() > named:
+        if named is not None and table.version() > named:
             table.restore(named)
             table.update_incremental()  # the restore's own version, which the write follows
         return table
@@ -560,11 +560,9 @@ class DeltaStore:
         Responses are stored for a keyed batch only (nothing else can ask for them again),
         with the users they concern (`subjects`). `after`: on object storage, the ledger version
         the writer read its head at, under its lease; the row is written only as the version
-        right after it (`_fence`)."""
+        right after it (`_fenced_ledger`)."""
         if self._lease is not None and not create:
             self._lease.check()  # a writer whose turn ended must not publish
-            if after is not None:
-                self._fence(after)
         keyed = key is not None
         row = pl.DataFrame(
             {
@@ -584,27 +582,35 @@ class DeltaStore:
                                 writer_properties=LEDGER_WRITER,
                                 configuration=LEDGER_PROPERTIES if self.local else {**LEDGER_PROPERTIES, **objects.LOG_PROPERTIES})
             return None
+        # object storage: the ledger brought up to date once, fenced, then written on that very
+        # version (a folder's appends go through `store/appends.py`)
+        ledger = None if self.local else self._fenced_ledger(after)
         if not self._ledger_properties_set:  # a ledger made before them gets them (once per process)
-            table = self._latest(LEDGER)
+            table = ledger or self._latest(LEDGER)
             wanted = LEDGER_PROPERTIES if self.local else {**LEDGER_PROPERTIES, **objects.LOG_PROPERTIES}
             if any(table.metadata().configuration.get(k) != v for k, v in wanted.items()):
-                table.alter.set_table_properties(wanted)
+                table.alter.set_table_properties(wanted)  # a version of our own: the row follows it
+                table.update_incremental()
             self._ledger_properties_set = True
-        return self._append(LEDGER, row.to_arrow(), LEDGER_ARROW, LEDGER_FILES, LEDGER_WRITER)
+        return self._append(LEDGER, row.to_arrow(), LEDGER_ARROW, LEDGER_FILES, LEDGER_WRITER, table=ledger)
 
-    def _fence(self, after: int) -> None:
-        """Refuse to write a ledger row unless the ledger is still at version `after`, the one
-        this writer read its head at. The lease alone leaves a gap: a holder paused past its
-        lease (or whose renewals failed unseen) passes `Lease.check` just before another
-        writer takes over and commits; its row would then land after theirs, naming table
-        versions built on what they rolled back. The row's own commit allows no retry, so a
-        commit that comes between this check and the write fails it too."""
-        if (now := self._latest(LEDGER).version()) != after:
-            raise TurnEndedError(f"another writer committed to the store at {self.uri} (ledger version {now}, this "
-                             f"batch read {after}): this writer's turn had ended; the batch was not committed")
+    def _fenced_ledger(self, after: int | None) -> DeltaTable:
+        """The ledger at its newest version, for a row written on it with no retry. With `after`
+        (the version this writer read its head at, under its lease) it must still be that
+        version. The lease alone leaves a gap: a holder paused past its lease (or whose
+        renewals failed unseen) passes `Lease.check` just before another writer takes over and
+        commits; its row would then land after theirs, naming table versions built on what
+        they rolled back. As the row's commit allows no retry, a commit that comes between this
+        check and the write fails it too."""
+        table = self._latest(LEDGER)
+        if after is not None and table.version() != after:
+            raise TurnEndedError(f"another writer committed to the store at {self.uri} (ledger version "
+                                 f"{table.version()}, this batch read {after}): this writer's turn had ended; "
+                                 "the batch was not committed")
+        return table
 
     def _append(self, name: str, data: pa.Table | pa.RecordBatchReader, schema: pa.Schema,
-                options: appends.FileOptions, properties: WriterProperties) -> int:
+                options: appends.FileOptions, properties: WriterProperties, *, table: DeltaTable | None = None) -> int:
         """Append `data` to table `name` under the writer lock; returns the new version and
         notes its files and statistics for the next batch's reads. A local table that has the
         columns of `schema` takes a file and a log entry of our own (`store/appends.py`); a table
@@ -622,10 +628,10 @@ class DeltaStore:
                 with self._cache_lock:  # the next batch's reads take files and statistics without loading the log
                     self._note_append(name, mine, None if added is None else added[0])
                 return mine
-        table = self._at_named(name, self.head.versions.get(name))  # the write moves it to its new version
+        # the write moves it to its new version; the ledger comes positioned (`_fenced_ledger`)
+        table = table or self._at_named(name, self.head.versions.get(name))
         objects.write_delta(table, data, mode="append", writer_properties=properties,
                             schema_mode="merge" if name in PARTIAL or name == LEDGER else None,
-                            # the ledger's row is the version after the one the writer read (`_fence`)
                             commit_properties=CommitProperties(max_commit_retries=0) if name == LEDGER else None)
         self._heads.pop(name, None)
         if name != LEDGER:
@@ -681,10 +687,6 @@ class DeltaStore:
         head it reads `self.head` may note it: a noted version whose head is not `self.head`
         makes `refresh` miss other writers' batches (a run merge that read the head and found
         nothing to merge let the next batch commit over a batch it never read: a lost update)."""
-        if table is None and not note and not self.local:
-            # under the lease (a run merge's, a commit's): the ledger kept for appends, brought
-            # up to date, rather than the whole log read again
-            table = self._latest(LEDGER)
         table = table or objects.delta_table(self._path(LEDGER))
         if note:
             self._ledger_table, self._ledger_version = table, table.version()
@@ -961,35 +963,35 @@ class DeltaStore:
         self.refresh()
         if batch_no == self.head.batch_no:
             return self.snapshot()
-        table = objects.delta_table(self._path(LEDGER))
-        present = {field.name for field in table.schema().fields}
-        columns = ["versions", "next_profile_n", "next_update_seq", "seed"]
-        rows = table.to_pyarrow_table(columns=[c for c in columns if c in present],
-                                      filters=[("batch_no", "=", batch_no)])
-        if not rows.num_rows:
+        r = self._ledger_row(("batch_no", batch_no), ["versions", "next_profile_n", "next_update_seq", "seed"])
+        if r is None:
             raise StoreError(f"the store at {self.uri} holds no batch {batch_no} (its newest is "
                              f"{self.head.batch_no})")
-        r = {name: rows.column(name)[0].as_py() for name in rows.column_names}
         self._settle_compaction()
         return Snapshot(self, Head(batch_no, orjson.loads(r["versions"]), r["next_profile_n"], r["next_update_seq"],
                                    r["seed"], content_batch=batch_no))
 
-    def find_batch(self, key: str) -> StoredBatch | None:
-        """The committed batch with this idempotency key, if any: its responses, the digest of
-        its requests (None in a ledger written before digests) and its commit time."""
+    def _ledger_row(self, where: tuple[str, Any], columns: list[str]) -> dict[str, Any] | None:
+        """The `columns` (those the ledger has) of its row whose column `where[0]` equals
+        `where[1]`, reading only that row's data (the ledger's files hold statistics of both
+        columns asked by); None when there is none. Object storage reads the ledger's log as
+        `refresh` keeps it; a folder loads it (its own appends do not move the kept one)."""
         if self.local:
             table = objects.delta_table(self._path(LEDGER))
-        else:  # the ledger's log as `refresh` keeps it, not read again from its last checkpoint
+        else:
             self.refresh()
             assert self._ledger_table is not None
             table = self._ledger_table
         present = {field.name for field in table.schema().fields}
-        rows = table.to_pyarrow_table(  # reads only the matching row's data
-            columns=[c for c in ("responses", "digest", "committed_at", "responses_dropped") if c in present],
-            filters=[("batch_key", "=", key)])
-        if not rows.num_rows:
+        rows = table.to_pyarrow_table(columns=[c for c in columns if c in present], filters=[(where[0], "=", where[1])])
+        return {name: rows.column(name)[0].as_py() for name in rows.column_names} if rows.num_rows else None
+
+    def find_batch(self, key: str) -> StoredBatch | None:
+        """The committed batch with this idempotency key, if any: its responses, the digest of
+        its requests (None in a ledger written before digests) and its commit time."""
+        row = self._ledger_row(("batch_key", key), ["responses", "digest", "committed_at", "responses_dropped"])
+        if row is None:
             return None
-        row = {name: rows.column(name)[0].as_py() for name in rows.column_names}
         text = row.get("responses")
         return StoredBatch(None if text is None else orjson.loads(text), row.get("digest"), row["committed_at"],
                            dropped=row.get("responses_dropped") or (None if text is not None else "expired"))
