@@ -19,6 +19,7 @@ from prefect import flow, get_run_logger, task
 
 from engagelake import IdempotentResponsesExpired, Response, Workspace
 from engagelake.errors import ConfigError
+from engagelake.store import compaction
 from engagelake.files import (
     AppliedFile,
     RequestFile,
@@ -178,13 +179,31 @@ def compact(store: str, response_retention_days: float) -> dict[str, int]:
     return Workspace.open(store, create=False, response_retention=timedelta(days=response_retention_days)).compact()
 
 
+@task(name="compact-part", task_run_name="compact {part.table} [{part.low}, {part.high})", **IO_TASK_OPTIONS)
+def compact_part(store: str, plan: compaction.Plan, part: compaction.Part) -> compaction.Written:
+    """Write one part of a compaction (files its planner commits); a failed part leaves no
+    file, so a retry after an I/O error is safe."""
+    return Workspace.open(store, create=False).compact_part(plan, part)
+
+
 @flow(name="compact_store")
-def compact_store(store: str = "data/store", response_retention_days: float = 7.0) -> dict[str, int]:
+def compact_store(store: str = "data/store", response_retention_days: float = 7.0, parts: int = 1) -> dict[str, int]:
     """Rewrite every table to its current rows and delete unreferenced files (deleted users'
     data leaves the disk); stored responses of keyed batches go after `response_retention_days`,
-    and at once when they concerned a deleted user. Returns the rows kept per table."""
+    and at once when they concerned a deleted user. Returns the rows kept per table.
+
+    With `parts` > 1 each big sorted table is cut into about that many key ranges, written as
+    tasks of their own on the flow's task runner (threads by default; a `DaskTaskRunner` puts
+    them on a Dask cluster's workers), then committed together by the flow, which holds the
+    store's writer lock throughout: the tables hold the same rows in the same order."""
     started = time.perf_counter()
-    rows = compact(store, response_retention_days)
+    if parts <= 1:
+        rows = compact(store, response_retention_days)
+    else:
+        workspace = Workspace.open(store, create=False, response_retention=timedelta(days=response_retention_days))
+        with workspace.compaction(parts) as job:
+            futures = [compact_part.submit(store, job.plan, part) for part in job.plan.parts]
+            rows = job.finish([future.result() for future in futures])
     seconds = time.perf_counter() - started
     get_run_logger().info("compacted %s rows in %d tables in %.2f s", f"{sum(rows.values()):,}", len(rows), seconds)
     record_table_rows("compact_store", store, rows, f"kept after {seconds:.2f} s")

@@ -1,5 +1,5 @@
-"""Bulk export in parts: the same files whatever the parts, the task runner or the processes
-(issue 13). The parts run as Prefect tasks, in threads by default and on a real Dask
+"""Bulk export and compaction in parts: the same files and tables whatever the parts, the task
+runner or the processes (issue 13). The parts run as Prefect tasks, in threads by default and on a real Dask
 `LocalCluster` of worker processes with a `DaskTaskRunner`."""
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from engagelake.demo import generate_workload
 from engagelake.errors import StoreError
 from engagelake.files import read_responses_file
 from engagelake.rules.messages import EXPORT_FIELDS
+from engagelake.tables.schema import TABLES
 from flows.export_batch import ExportResult, export_all, export_batch
 from flows.track_batch import compact_store, publish_current, track_batch
 
@@ -177,3 +178,124 @@ def test_the_flows_run_unchanged_on_a_dask_cluster_over_s3(s3: Any, cluster: Loc
     assert Workspace.open(stores["dask"]).export_users(fields) == Workspace.open(stores["default"]).export_users(fields)
     assert (tmp_path / "dask" / "export" / "users.ndjson").read_bytes() == \
         (tmp_path / "default" / "export" / "users.ndjson").read_bytes()
+
+
+# --- compaction in parts ----------------------------------------------------------------------
+
+
+def compact_in_parts(folder: Path | str, parts: int) -> tuple[int, dict[str, int]]:
+    """Compact the store at `folder` with each big table cut into about `parts` ranges, the
+    parts written one by one in this process; returns the parts and the rows kept."""
+    ws = Workspace.open(folder, clock=lambda: NOW)
+    with ws.compaction(parts) as job:
+        kept = job.finish([ws.compact_part(job.plan, part) for part in job.plan.parts])
+    return len(job.plan.parts), kept
+
+
+def current_rows(folder: Path | str) -> dict[str, pl.DataFrame]:
+    ws = Workspace.open(folder)
+    return {name: ws.table(name).collect() for name in TABLES}
+
+
+def assert_same_store(got: Path | str, want: Path | str, *, apart: bool = False) -> None:
+    """The same current rows in every table, in the same order, and the same exports. `apart`:
+    the stores took the same requests apart, so their lineage names other batch IDs (and the
+    rows of one batch may come in another order)."""
+    rows, expected = current_rows(got), current_rows(want)
+    if apart:
+        for store in (rows, expected):
+            store["merges"] = store["merges"].drop("batch").sort("seq")
+    for name in TABLES:
+        assert rows[name].equals(expected[name]), name
+    fields = list(EXPORT_FIELDS)
+    assert Workspace.open(got).export_users(fields) == Workspace.open(want).export_users(fields)
+
+
+@pytest.mark.parametrize("parts", [2, pytest.param(7, marks=pytest.mark.slow)])
+def test_a_compaction_in_parts_equals_one_in_one_piece(store: Path, tmp_path: Path, parts: int) -> None:
+    """The store's big tables cut into ranges (events of merged users moved to the survivors,
+    deleted users' rows dropped, in each range), written part by part and committed together:
+    the same current rows, in the same order, as a compaction in one piece; the files of each
+    table are the parts' own, sorted across them."""
+    one, many = tmp_path / "one", tmp_path / "many"
+    shutil.copytree(store, one)
+    shutil.copytree(store, many)
+    kept = Workspace.open(one, clock=lambda: NOW).compact()
+    count, kept_in_parts = compact_in_parts(many, parts)
+    assert kept_in_parts == kept and count >= 2 * 2  # profiles and attributes in parts at least
+    assert_same_store(many, one)
+    ws = Workspace.open(many)
+    for name in ("profiles", "attributes", "events"):
+        files = ws.store.files(name, ws.store.head.versions[name])
+        assert len(files) >= (2 if name != "events" else 1), name  # (60 users' events: one row group)
+        keys = pl.concat([pl.read_parquet(f, columns=["service_id"]) for f in files])["service_id"]
+        assert keys.is_sorted(), name
+    # and the store goes on: a batch after it, and a compaction in one piece
+    assert ws.call("POST", "/users/track", {"attributes": [{"external_id": "after", "plan": "gold"}]}).status == 201
+    exported = ws.call("POST", "/users/export/ids", {"external_ids": ["after"], "fields_to_export": ["custom_attributes"]})
+    assert exported.body["users"] == [{"custom_attributes": {"plan": "gold"}}]
+
+
+def test_a_compaction_left_unfinished_changes_nothing(store: Path, tmp_path: Path) -> None:
+    """Parts written, then the block left by an error before `finish`: no table moved, no
+    marker left, and the parts' files (named by no version) go at the next compaction."""
+    copied = tmp_path / "store"
+    shutil.copytree(store, copied)
+    ws = Workspace.open(copied, clock=lambda: NOW)
+    before = ws.store.head
+    rows = current_rows(copied)
+    with pytest.raises(RuntimeError, match="a part failed"), ws.compaction(3) as job:
+        written = ws.compact_part(job.plan, job.plan.parts[0])
+        raise RuntimeError("a part failed")
+    orphan = copied / job.plan.parts[0].table / written.adds[0]["path"]
+    assert orphan.exists()
+    again = Workspace.open(copied, clock=lambda: NOW)
+    assert again.store.head.versions == before.versions and again.store.head.batch_no == before.batch_no
+    assert not (copied / "_compacting").exists()
+    assert all(current_rows(copied)[name].equals(rows[name]) for name in TABLES)
+    with again.compaction(3) as job, pytest.raises(StoreError, match="each of its"):
+        job.finish([])  # every part must be in
+    again.compact()
+    assert not orphan.exists()
+    assert_same_store(copied, copied)
+
+
+@pytest.mark.slow
+def test_compact_store_in_parts_on_a_dask_cluster_over_s3(s3: Any, cluster: LocalCluster, tmp_path: Path) -> None:
+    """`compact_store(parts=3)` given a `DaskTaskRunner` of two worker processes, over moto's
+    S3: the parts run in the workers and the store ends as a compaction in one piece leaves
+    another store of the same batches."""
+    stores = {"one": s3(), "parts": s3()}
+    for uri in stores.values():
+        ws = Workspace.open(uri, clock=lambda: NOW, seed="compaction")
+        ws.apply(list(generate_workload(40, 400, seed=5, now=NOW)))
+        ws.apply(many_users(2500))
+        ws.apply([{"method": "POST", "path": "/users/merge", "body": {"merge_updates": [
+            {"identifier_to_merge": {"external_id": "user-000003"}, "identifier_to_keep": {"external_id": "bulk-00001"}}]}},
+            {"method": "POST", "path": "/users/delete", "body": {"external_ids": ["user-000004"]}}])
+    assert compact_store(stores["one"])["profiles"] > 2500
+    with Client(cluster) as client:
+        before = client.run(lambda dask_worker: dask_worker.state.transition_counter)
+        runner = DaskTaskRunner(address=cluster.scheduler_address)
+        kept = compact_store.with_options(task_runner=runner)(stores["parts"], parts=3)
+        after = client.run(lambda dask_worker: dask_worker.state.transition_counter)
+    assert all(after[w] > before[w] for w in after), (before, after)  # both workers wrote parts
+    assert kept["profiles"] > 2500
+    assert_same_store(stores["parts"], stores["one"], apart=True)
+
+
+@pytest.mark.slow
+@engine_settings(6)
+@given(reqs=request_sequences, parts=st.integers(2, 6))
+def test_random_stores_compact_in_parts_as_in_one_piece(
+        tmp_path_factory: pytest.TempPathFactory, reqs: list[dict[str, Any]], parts: int) -> None:
+    """Random sequences of track, merge, identify, rename, alias and delete requests (the model
+    test's) over 1,600 users: a compaction in parts leaves what one in one piece leaves."""
+    folder = tmp_path_factory.mktemp("random-compaction")
+    ws = Workspace.open(folder / "one", clock=clock, seed=SEED)
+    ws.apply(many_users(1600))
+    ws.apply(copy.deepcopy(reqs))
+    shutil.copytree(folder / "one", folder / "many")
+    ws.compact()
+    compact_in_parts(folder / "many", parts)
+    assert_same_store(folder / "many", folder / "one")

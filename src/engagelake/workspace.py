@@ -25,6 +25,7 @@ import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_for
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
@@ -69,9 +70,9 @@ from engagelake.rules.profile.parse import named_external_ids, parse_track, with
 from engagelake.rules.profile.track import apply_track
 from engagelake.rules.profile.validate import validate_track
 from engagelake.rules.state import Changes, State, apply_changes
-from engagelake.store import objects, scratch
+from engagelake.store import compaction, objects, scratch
 from engagelake.store.ahead import ReadAhead
-from engagelake.store.delta import RESPONSE_RETENTION, DeltaStore, store_state
+from engagelake.store.delta import RESPONSE_RETENTION, Compaction, DeltaStore, store_state
 from engagelake.store.staging import StagedSource, Stages
 from engagelake.tables.credentials import UNPUBLISHED
 from engagelake.tables.schema import TABLES
@@ -907,13 +908,29 @@ class Workspace:
         to its default folder), if there is one, is published again: it would keep deleted
         users' rows. Returns the rows kept per table; `on_table(name, done, total)` is called
         before each table is rewritten."""
+        with self.compaction() as job:
+            return job.finish([], on_table=on_table)
+
+    @contextmanager
+    def compaction(self, parts: int = 1) -> Iterator[Compaction]:
+        """A compaction whose big sorted tables are cut into about `parts` key ranges each
+        (`docs/scale-out.md`): write each part of `job.plan.parts` with `compact_part`, in this
+        process or any other that opens the store, then `job.finish(written)` commits them all
+        and compacts the rest, as `compact` does. The store's writer lock is held throughout
+        (other writers wait); leaving the block unfinished changes nothing."""
         from engagelake.store.publish import published
 
-        kept = self.store.compact(on_table=on_table)
-        marker = published(objects.join(self.store.uri, PUBLISHED_FOLDER))
+        with self.store.compaction(parts) as job:
+            yield job
+        marker = published(objects.join(self.store.uri, PUBLISHED_FOLDER)) if job.kept is not None else None
         if marker is not None and isinstance(tables := marker["tables"], dict):
             self._publish(list(tables), None, erase_old=True)
-        return kept
+
+    @_store_errors
+    def compact_part(self, plan: compaction.Plan, part: compaction.Part) -> compaction.Written:
+        """Write `part` of a compaction's `plan` (`compaction`) as files of its table, left for
+        the compaction to commit; a failed part leaves none, so it may run again."""
+        return self.store.compact_part(plan, part)
 
     @_store_errors
     def publish(self, out: str | Path | None = None, *, tables: list[str] | None = None) -> dict[str, int]:

@@ -36,6 +36,7 @@ from deltalake import DeltaTable
 
 from engagelake import __version__
 from engagelake.errors import StoreError
+from engagelake.store import objects
 
 # a string statistic longer than this (UTF-8 bytes) is cut, as delta-rs cuts it
 # (`runs.TRUSTED_FILE_STAT_BYTES`)
@@ -158,20 +159,22 @@ def write_file(folder: str, data: pa.Table | pa.RecordBatchReader, schema: pa.Sc
 
 def write_files(folder: str, data: pa.Table | pa.RecordBatchReader, schema: pa.Schema, options: FileOptions,
                 *, file_bytes: int | None = None, into: str | None = None) -> list[tuple[dict[str, Any], int]]:
-    """Write `data` (cast to `schema`) as Parquet files of the table in `folder`, a new file
-    once one holds `file_bytes` or so (at a row group's end; None: one file); returns each
-    file's add action and row count. `into`: a folder to write them in instead (the add
-    actions name them as files of `folder`: the caller moves them there, `move_in`). On an
-    error no file of them is left."""
+    """Write `data` (cast to `schema`) as Parquet files of the table in `folder` (a local
+    folder or a URI), a new file once one holds `file_bytes` or so (at a row group's end; None:
+    one file); returns each file's add action and row count. `into`: a folder to write them in
+    instead (the add actions name them as files of `folder`: the caller moves them there,
+    `move_in`). On an error no file of them is left."""
     done: list[tuple[dict[str, Any], int]] = []
-    current: tuple[pq.ParquetWriter, str, _Stats] | None = None
+    current: tuple[pq.ParquetWriter, pa.NativeFile, str, _Stats] | None = None
     columns = schema.names if options.statistics is None else list(options.statistics)
+    target = into or folder
 
     def close() -> None:
-        writer, name, stats = current  # type: ignore[misc]
+        writer, sink, name, stats = current  # type: ignore[misc]
         writer.close()
-        path = os.path.join(into or folder, name)
-        done.append(({"path": name, "partitionValues": {}, "size": os.path.getsize(path),
+        size = sink.tell()
+        sink.close()
+        done.append(({"path": name, "partitionValues": {}, "size": size,
                       "modificationTime": int(time.time() * 1000), "dataChange": True, "stats": stats.json()},
                      stats.rows))
 
@@ -180,29 +183,30 @@ def write_files(folder: str, data: pa.Table | pa.RecordBatchReader, schema: pa.S
             if chunk.num_rows == 0:
                 continue
             chunk = chunk.cast(schema) if chunk.schema != schema else chunk
-            if (current is not None and file_bytes is not None
-                    and os.path.getsize(os.path.join(into or folder, current[1])) >= file_bytes):
+            if current is not None and file_bytes is not None and current[1].tell() >= file_bytes:
                 close()  # the file holds every row group written so far: only its footer is to come
                 current = None
             if current is None:
                 name = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
+                sink = objects.open_output(objects.join(target, name))
                 current = (pq.ParquetWriter(
-                    os.path.join(into or folder, name), schema, compression="snappy",
+                    sink, schema, compression="snappy",
                     use_dictionary=[c for c in schema.names if c not in options.plain],
                     write_statistics=True if options.statistics is None else list(options.statistics)),
-                    name, _Stats())
+                    sink, name, _Stats())
             current[0].write_table(chunk, row_group_size=options.row_group_rows or chunk.num_rows)
-            current[2].add(chunk, columns)
+            current[3].add(chunk, columns)
         if current is not None:
             close()
             current = None
     except BaseException:
         if current is not None:
-            current[0].close()
-            done.append(({"path": current[1]}, 0))
+            with suppress(Exception):
+                current[0].close()
+                current[1].close()
+            done.append(({"path": current[2]}, 0))
         for add, _ in done:
-            with suppress(FileNotFoundError):
-                os.remove(os.path.join(into or folder, add["path"]))
+            objects.remove(objects.join(target, add["path"]))
         raise
     return done
 

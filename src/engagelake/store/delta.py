@@ -46,6 +46,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from deltalake import ColumnProperties, CommitProperties, DeltaTable, WriterProperties
+from deltalake.transaction import AddAction
 
 from engagelake.errors import (
     NotAStore,
@@ -55,7 +56,7 @@ from engagelake.errors import (
     StoreReadOnly,
     TurnEndedError,
 )
-from engagelake.store import appends, merging, objects, records
+from engagelake.store import appends, compaction, merging, objects, records
 from engagelake.store.footers import index_path, prune_indexes
 from engagelake.store.lease import Lease
 from engagelake.store.runs import (
@@ -1340,52 +1341,69 @@ class DeltaStore:
     def compact(self, *, on_table: Callable[[str, int, int], None] | None = None) -> dict[str, int]:
         """Rewrite every table as its current rows (newest row per key, no tombstones, history
         moved to surviving profiles, lineage of deleted profiles redacted), delete every file
-        and log entry the new versions do not need, then commit the new versions. Local stores
-        only. Readers opened before must reopen. Returns the rows kept per table. `on_table(name,
-        done, total)` is called before each table is rewritten (for progress displays).
+        and log entry the new versions do not need, then commit the new versions. Readers
+        opened before must reopen. Returns the rows kept per table. `on_table(name, done,
+        total)` is called before each table is rewritten (for progress displays).
 
         The sorted tables stream through DuckDB within the memory budget, so compaction holds
         no table in memory; the small unsorted ones (resources, lineage) keep their order.
         Compaction changes no logical content, so a crash midway rolls forward: the marker file
         tells the next writer to publish the tables' current versions instead of restoring."""
+        with self.compaction() as job:
+            return job.finish([], on_table=on_table)
+
+    @contextmanager
+    def compaction(self, parts: int = 1) -> Iterator[Compaction]:
+        """A compaction whose big sorted tables are cut into about `parts` key ranges each
+        (`store/compaction.py`): the parts of `job.plan` are written by `compact_part`, in this
+        process or any other, then `job.finish(written)` commits them and compacts the rest as
+        `compact` does. The writer lock is held throughout. Leaving the block without finishing
+        changes nothing (the parts' files are left for the next compaction's vacuum)."""
         self.wait_for_merges()
         with self._writer_lock():
             self.head = self._read_head()
             self._recover()
-            snap = Snapshot(self, self.head)
             marker = self._compaction_marker()
             objects.touch(marker)
-            batch_no = self.head.batch_no + 1
-            with merging.connection(self.memory_limit) as con:
-                snap.duckdb(con)  # current rows, over the old files: they stay until every table is written
-                gone = con.sql('SELECT service_id FROM redirects WHERE "into" IS NULL').pl()["service_id"]
-                held = _identifiers_of(snap, gone)  # every identifier a deleted profile held
-                untouched = self._never_written()
-                for done, name in enumerate(STORED):
-                    if on_table is not None:
-                        on_table(name, done, len(STORED))
-                    if name in untouched:
-                        continue
-                    if not objects.is_delta_table(self._path(name)):
-                        self._create_table(name)
-                    # old log entries hold column statistics of old files: let cleanup drop them
-                    table = objects.delta_table(self._path(name))  # one load of its log for both
-                    table.alter.set_table_properties({"delta.logRetentionDuration": "interval 0 days"})
-                    rows = self._compacted(con, snap, name, batch_no, gone, held)
-                    if not self._overwrite_with_files(name, table, rows):
-                        objects.write_delta(table, rows, mode="overwrite", writer_properties=writer(name),
-                                            schema_mode="overwrite" if name in PARTIAL else None)
-                    _failpoint(f"compact:{name}")
-            self._compact_ledger(gone, held)
-            _failpoint("compact:_ledger")
-            kept = self._finish_compaction(batch_no, [name for name in STORED if name not in untouched],
-                                           {name: self.head.versions[name] for name in untouched})
-            objects.remove(marker)
+            job = Compaction(self, Snapshot(self, self.head), parts)
+            try:
+                yield job
+            finally:
+                if not job.committed:  # nothing changed yet: no compaction to roll forward
+                    objects.remove(marker)
+        if job.kept is not None:
+            if self.local:
+                prune_indexes(self.uri)
+            for name in SORT_BY:  # the files of the versions just published (no head read again per table)
+                self.index_footers(name, self.files(name, self.head.versions.get(name)))
+
+    def compact_part(self, plan: compaction.Plan, part: compaction.Part) -> compaction.Written:
+        """Write `part` of the compaction `plan` as files of its table, not committed (in any
+        process: the planning compaction holds the writer lock and commits them)."""
+        name = part.table
+        snap = Snapshot(self, plan.head)  # the planner commits nothing before its parts are in
+        schema = _arrow_schema(name)
+        with merging.connection(self.memory_limit) as con:
+            snap.duckdb(con, ("redirects", name) if name in HISTORY else (name,))
+            rows = merging.stream(con, compaction.rows_sql(name, plan.batch_no, part), schema)
+            written = appends.write_files(self._path(name), rows, schema, file_options(name),
+                                          file_bytes=MERGED_FILE_BYTES)
+        return compaction.Written(part, [add for add, _ in written], sum(n for _, n in written))
+
+    def _commit_written(self, name: str, table: DeltaTable, written: list[compaction.Written]) -> None:
+        """One version of `name` made of the parts' files, in their order, replacing every
+        file it had."""
+        adds = [add for part in written for add in part.adds]
+        rows = sum(part.rows for part in written)
         if self.local:
-            prune_indexes(self.uri)
-        for name in SORT_BY:  # the files of the versions just published (no head read again per table)
-            self.index_footers(name, self.files(name, self.head.versions.get(name)))
-        return {name: kept[name] for name in TABLES}
+            current = pa.table(table.get_add_actions(flatten=True)).select(["path", "size_bytes"])
+            appends.commit(self._path(name), table.version() + 1, adds, rows,
+                           list(zip(current.column("path").to_pylist(), current.column("size_bytes").to_pylist(),
+                                    strict=True)))
+            return
+        table.create_write_transaction(
+            [AddAction(add["path"], add["size"], {}, add["modificationTime"], True, add["stats"]) for add in adds],
+            mode="overwrite", schema=_arrow_schema(name))
 
     def _compact_ledger(self, gone: pl.Series, identifiers: pl.DataFrame) -> None:
         """Rewrite the ledger without the responses nobody may read again: those of batches
@@ -1468,16 +1486,7 @@ class DeltaStore:
             if name == "merges":
                 rows = _redacted_lineage(rows, gone, held)
             return rows.with_columns(**stamp).select(list(_stored_schema(name))).to_arrow()
-        schema = _arrow_schema(name)
-        columns = ", ".join(f'"{c}"' for c in SCHEMAS[name])
-        by = ", ".join(f'"{c}"' for c in order)
-        source = f'"{name}"'
-        if name in INDEXES:  # an index of the current rows only: stale entries go
-            table, column = INDEXES[name]
-            source = f'(SELECT DISTINCT {columns} FROM "{table}" WHERE "{column}" IS NOT NULL)'
-        mask = ", NULL::BIGINT AS _set" if name in PARTIAL else ""  # current rows are whole
-        sql = f'SELECT {columns}, {batch_no}::BIGINT AS _batch, false AS _deleted{mask} FROM {source} ORDER BY {by}'
-        return merging.stream(con, sql, schema)
+        return merging.stream(con, compaction.rows_sql(name, batch_no), _arrow_schema(name))
 
     def _never_written(self) -> set[str]:
         """The tables still as the store's creation made them (empty, at their first version;
@@ -1507,7 +1516,10 @@ class DeltaStore:
     def _vacuum(self, name: str) -> DeltaTable:
         """Delete the files and log entries that `name`'s current version does not need."""
         table = objects.delta_table(self._path(name))
-        table.vacuum(retention_hours=0, enforce_retention_duration=False, dry_run=False)
+        # `full`: every file no version names goes too, not only those a version removed: the
+        # files of a compaction's parts never committed, of a writer that died before its commit
+        # (under the writer lock no other writer has files in flight here)
+        table.vacuum(retention_hours=0, enforce_retention_duration=False, dry_run=False, full=True)
         table.update_incremental()  # the vacuum's own log entries (loading the log again cost 3 ms a table)
         table.create_checkpoint()
         table.cleanup_metadata()
@@ -1624,6 +1636,80 @@ def _ledger_files(table: DeltaTable) -> tuple[list[str], bool]:
     return files, bool(following)
 
 
+class Compaction:
+    """A compaction under way (`DeltaStore.compaction`): its plan of parts, then `finish`."""
+
+    def __init__(self, store: DeltaStore, snap: Snapshot, parts: int):
+        self.store, self.snap = store, snap
+        self.batch_no = snap.head.batch_no + 1
+        self.untouched = store._never_written()
+        self.committed = False  # a table written: from then on a crash rolls the compaction forward
+        self.kept: dict[str, int] | None = None
+        self.plan = compaction.Plan(store.uri, snap.head, self.batch_no, tuple(self._parts(parts)))
+
+    def _parts(self, parts: int) -> Iterator[compaction.Part]:
+        """Each big sorted table's key ranges of about 1/`parts` of its stored rows."""
+        if parts <= 1:
+            return
+        for name in STORED:
+            if name in self.untouched or not compaction.splits(name) or not self.snap.holds(name):
+                continue
+            table = objects.delta_table(self.store._path(name))
+            if not set(_arrow_schema(name).names) <= {f.name for f in table.schema().fields}:
+                continue  # delta-rs writes it whole, evolving its schema
+            for low, high in self.snap.key_ranges(name, max(1, -(-self.snap.rows(name) // parts))):
+                yield compaction.Part(name, low or None, high)
+
+    def finish(self, written: list[compaction.Written], *,
+               on_table: Callable[[str, int, int], None] | None = None) -> dict[str, int]:
+        """Commit the parts' files (`written`: one for each part of the plan), compact every
+        other table, the ledger, and publish the new versions; returns the rows kept per table."""
+        store, snap = self.store, self.snap
+        by_table = self._by_table(written)
+        with merging.connection(store.memory_limit) as con:
+            snap.duckdb(con)  # current rows, over the old files: they stay until every table is written
+            gone = con.sql('SELECT service_id FROM redirects WHERE "into" IS NULL').pl()["service_id"]
+            held = _identifiers_of(snap, gone)  # every identifier a deleted profile held
+            for done, name in enumerate(STORED):
+                if on_table is not None:
+                    on_table(name, done, len(STORED))
+                if name in self.untouched:
+                    continue
+                self.committed = True
+                if not objects.is_delta_table(store._path(name)):
+                    store._create_table(name)
+                # old log entries hold column statistics of old files: let cleanup drop them
+                table = objects.delta_table(store._path(name))  # one load of its log for both
+                table.alter.set_table_properties({"delta.logRetentionDuration": "interval 0 days"})
+                if name in by_table:
+                    store._commit_written(name, table, by_table[name])
+                else:
+                    rows = store._compacted(con, snap, name, self.batch_no, gone, held)
+                    if not store._overwrite_with_files(name, table, rows):
+                        objects.write_delta(table, rows, mode="overwrite", writer_properties=writer(name),
+                                            schema_mode="overwrite" if name in PARTIAL else None)
+                _failpoint(f"compact:{name}")
+        store._compact_ledger(gone, held)
+        _failpoint("compact:_ledger")
+        kept = store._finish_compaction(self.batch_no, [name for name in STORED if name not in self.untouched],
+                                        {name: snap.head.versions[name] for name in self.untouched})
+        objects.remove(store._compaction_marker())
+        self.kept = {name: kept[name] for name in TABLES}
+        return self.kept
+
+    def _by_table(self, written: list[compaction.Written]) -> dict[str, list[compaction.Written]]:
+        """The parts' files by table, each table's in the order of its ranges."""
+        order = {part: n for n, part in enumerate(self.plan.parts)}
+        if len(written) != len(order) or {w.part for w in written} != set(order):
+            missing = [p for p in self.plan.parts if p not in {w.part for w in written}]
+            raise StoreError(f"a compaction needs each of its {len(order)} parts written once; got {len(written)}"
+                             + (f", missing {missing[0]}" if missing else ""))
+        tables: dict[str, list[compaction.Written]] = {}
+        for w in sorted(written, key=lambda w: order[w.part]):
+            tables.setdefault(w.part.table, []).append(w)
+        return tables
+
+
 class Snapshot:
     """The stored tables at one committed head, read on demand: a probe by a table's sort
     column reads only the row groups that can hold its values (`store/runs.py`); other probes
@@ -1733,10 +1819,11 @@ class Snapshot:
             .drop("into", "_redirected")
         )
 
-    def duckdb(self, con: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection:
-        """Views of every table's current rows in `con`, read by DuckDB's own Parquet reader (it
-        streams, prunes and spills within the connection's memory_limit)."""
-        for name in sorted(TABLES, key=lambda n: n in HISTORY):  # history views read redirects
+    def duckdb(self, con: duckdb.DuckDBPyConnection, tables: tuple[str, ...] = TABLES) -> duckdb.DuckDBPyConnection:
+        """Views of every table's current rows (or those of `tables`; a history log's needs
+        `redirects`) in `con`, read by DuckDB's own Parquet reader (it streams, prunes and
+        spills within the connection's memory_limit)."""
+        for name in sorted(tables, key=lambda n: n in HISTORY):  # history views read redirects
             files = self.files(name)
             if not files:
                 con.register(f"_empty_{name}", empty(name).to_arrow())

@@ -105,6 +105,15 @@ def open_input(path: str) -> pa.NativeFile:
     return filesystem.open_input_file(key)
 
 
+def open_output(path: str) -> pa.NativeFile:
+    """`path` open for writing from its start (`tell` counts the bytes written): a local file
+    or an object (written when closed)."""
+    if not is_remote(path):
+        return pa.OSFile(path.removeprefix("file://"), "wb")
+    filesystem, key = _resolve(path)
+    return filesystem.open_output_stream(key)
+
+
 def exists(path: str) -> bool:
     """Whether a file or object is at `path`."""
     if not is_remote(path):
