@@ -14,6 +14,12 @@ It prints each run's wall time, users per second and the speed-up against the fi
 that the three pairs of files are the same (the lines byte for byte), and measures the fixed
 cost of a Prefect task on the cluster with no-op tasks. The model built on these figures is in
 `docs/scale-out.md`.
+
+    uv run python benchmarks/scale_out.py --store /tmp/store1m --compaction [--workers 2] [--parts 4]
+
+times the flow `compact_store` instead, on two fresh copies of the store: in one piece in the
+flow's process, and with each big table cut into `--parts` key ranges written on the Dask
+cluster; then checks that both copies hold the same current rows in every table.
 """
 
 from __future__ import annotations
@@ -34,7 +40,9 @@ from prefect.testing.utilities import prefect_test_harness  # noqa: E402
 from prefect_dask import DaskTaskRunner  # noqa: E402
 
 from engagelake import Workspace  # noqa: E402
+from engagelake.tables.schema import TABLES  # noqa: E402
 from flows.export_batch import ExportResult, export_all  # noqa: E402
+from flows.track_batch import compact_store  # noqa: E402
 
 
 @task
@@ -69,7 +77,11 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2, help="Dask worker processes (default 2)")
     parser.add_argument("--parts", type=int, default=4, help="parts of the export (default 4)")
     parser.add_argument("--users-per-chunk", type=int, default=50_000)
+    parser.add_argument("--compaction", action="store_true", help="time compact_store instead of export_all")
     args = parser.parse_args()
+    if args.compaction:
+        compaction(args.store, args.workers, args.parts)
+        return
 
     out = Path(tempfile.mkdtemp(prefix="bench-scale-out-"))
     batch, ranges = Workspace.open(args.store, create=False).export_ranges(args.users_per_chunk)
@@ -94,6 +106,32 @@ def main() -> None:
             overhead = (time.perf_counter() - started) / count * args.workers
             print(f"a Prefect task on the cluster costs {overhead * 1000:.0f} ms of a worker "
                   f"({count} no-op tasks on {args.workers} workers)")
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+
+
+def compaction(store: str, workers: int, parts: int) -> None:
+    """`compact_store` on a copy of `store` in one piece, then in `parts` on the cluster."""
+    out = Path(tempfile.mkdtemp(prefix="bench-scale-out-", dir=Path(store).parent))
+    try:
+        for name in ("one", "dask"):
+            shutil.copytree(store, out / name)
+        with prefect_test_harness(), LocalCluster(n_workers=workers, processes=True, threads_per_worker=1) as cluster:
+            dask = DaskTaskRunner(address=cluster.scheduler_address)
+            started = time.perf_counter()
+            compact_store(str(out / "one"))
+            base = time.perf_counter() - started
+            print(f"compact_store in one piece, in the flow's process: {base:.2f} s")
+            started = time.perf_counter()
+            compact_store.with_options(task_runner=dask)(str(out / "dask"), parts=parts)
+            seconds = time.perf_counter() - started
+            with Workspace.open(out / "dask").compaction(parts) as job:
+                count = len(job.plan.parts)
+            print(f"compact_store(parts={parts}) on {workers} Dask worker processes: {seconds:.2f} s, "
+                  f"{base / seconds:.2f}x ({count} parts)")
+        one, dask_copy = Workspace.open(out / "one"), Workspace.open(out / "dask")
+        equal = all(one.table(name).collect().equals(dask_copy.table(name).collect()) for name in TABLES)
+        print(f"same current rows in every table: {equal}")
     finally:
         shutil.rmtree(out, ignore_errors=True)
 

@@ -7,7 +7,9 @@ every flow is safe to re-run.
 - `flows.track_batch.track_batch(folder, store)`: apply each request file as one batch.
 - `flows.track_batch.merge_batch(folder, store)` / `identify_batch(folder, store)`: the same for
   files of merge / identify requests only (a file with another endpoint is refused).
-- `flows.track_batch.compact_store(store)`: rewrite tables to their current rows, drop old files.
+- `flows.track_batch.compact_store(store, parts=1)`: rewrite tables to their current rows, drop old
+  files; with `parts` > 1 the big tables' key ranges are written as tasks (on a Dask cluster, given
+  a `DaskTaskRunner`) and committed together.
 - `flows.track_batch.publish_current(store, out)`: write current rows as plain Delta tables for
   readers outside engagelake (Spark, DuckDB's `delta_scan`).
 - `flows.cleanup_push_tokens.cleanup_push_token_profiles(store)`: monthly, delete the temporary

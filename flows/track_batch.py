@@ -16,10 +16,10 @@ from datetime import timedelta
 from pathlib import Path
 
 from prefect import flow, get_run_logger, task
+from prefect.futures import wait
 
 from engagelake import IdempotentResponsesExpired, Response, Workspace
 from engagelake.errors import ConfigError
-from engagelake.store import compaction
 from engagelake.files import (
     AppliedFile,
     RequestFile,
@@ -28,6 +28,7 @@ from engagelake.files import (
     skipped_file,
     write_responses_file,
 )
+from engagelake.store.compaction import MIN_PART_ROWS, Part, Plan, Written
 from flows._artifacts import record_batches, record_table_rows
 from flows._retry import IO_TASK_OPTIONS, quoted
 
@@ -180,14 +181,15 @@ def compact(store: str, response_retention_days: float) -> dict[str, int]:
 
 
 @task(name="compact-part", task_run_name="compact {part.table} [{part.low}, {part.high})", **IO_TASK_OPTIONS)
-def compact_part(store: str, plan: compaction.Plan, part: compaction.Part) -> compaction.Written:
+def compact_part(store: str, plan: Plan, part: Part) -> Written:
     """Write one part of a compaction (files its planner commits); a failed part leaves no
     file, so a retry after an I/O error is safe."""
     return Workspace.open(store, create=False).compact_part(plan, part)
 
 
 @flow(name="compact_store")
-def compact_store(store: str = "data/store", response_retention_days: float = 7.0, parts: int = 1) -> dict[str, int]:
+def compact_store(store: str = "data/store", response_retention_days: float = 7.0, parts: int = 1,
+                  min_part_rows: int = MIN_PART_ROWS) -> dict[str, int]:
     """Rewrite every table to its current rows and delete unreferenced files (deleted users'
     data leaves the disk); stored responses of keyed batches go after `response_retention_days`,
     and at once when they concerned a deleted user. Returns the rows kept per table.
@@ -195,14 +197,16 @@ def compact_store(store: str = "data/store", response_retention_days: float = 7.
     With `parts` > 1 each big sorted table is cut into about that many key ranges, written as
     tasks of their own on the flow's task runner (threads by default; a `DaskTaskRunner` puts
     them on a Dask cluster's workers), then committed together by the flow, which holds the
-    store's writer lock throughout: the tables hold the same rows in the same order."""
+    store's writer lock throughout: the tables hold the same rows in the same order. A part
+    holds `min_part_rows` stored rows at least (a smaller table is one part)."""
     started = time.perf_counter()
     if parts <= 1:
         rows = compact(store, response_retention_days)
     else:
         workspace = Workspace.open(store, create=False, response_retention=timedelta(days=response_retention_days))
-        with workspace.compaction(parts) as job:
+        with workspace.compaction(parts, min_part_rows=min_part_rows) as job:
             futures = [compact_part.submit(store, job.plan, part) for part in job.plan.parts]
+            wait(futures)  # every part ended before one's error leaves the block (and the lock)
             rows = job.finish([future.result() for future in futures])
     seconds = time.perf_counter() - started
     get_run_logger().info("compacted %s rows in %d tables in %.2f s", f"{sum(rows.values()):,}", len(rows), seconds)

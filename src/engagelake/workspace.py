@@ -70,8 +70,9 @@ from engagelake.rules.profile.parse import named_external_ids, parse_track, with
 from engagelake.rules.profile.track import apply_track
 from engagelake.rules.profile.validate import validate_track
 from engagelake.rules.state import Changes, State, apply_changes
-from engagelake.store import compaction, objects, scratch
+from engagelake.store import objects, scratch
 from engagelake.store.ahead import ReadAhead
+from engagelake.store.compaction import MIN_PART_ROWS, Part, Plan, Written
 from engagelake.store.delta import RESPONSE_RETENTION, Compaction, DeltaStore, store_state
 from engagelake.store.staging import StagedSource, Stages
 from engagelake.tables.credentials import UNPUBLISHED
@@ -912,22 +913,23 @@ class Workspace:
             return job.finish([], on_table=on_table)
 
     @contextmanager
-    def compaction(self, parts: int = 1) -> Iterator[Compaction]:
-        """A compaction whose big sorted tables are cut into about `parts` key ranges each
-        (`docs/scale-out.md`): write each part of `job.plan.parts` with `compact_part`, in this
-        process or any other that opens the store, then `job.finish(written)` commits them all
-        and compacts the rest, as `compact` does. The store's writer lock is held throughout
-        (other writers wait); leaving the block unfinished changes nothing."""
+    def compaction(self, parts: int = 1, *, min_part_rows: int = MIN_PART_ROWS) -> Iterator[Compaction]:
+        """A compaction whose big sorted tables are cut into about `parts` key ranges each, of
+        `min_part_rows` stored rows at least (`docs/scale-out.md`): write each part of
+        `job.plan.parts` with `compact_part`, in this process or any other that opens the store,
+        then `job.finish(written)` commits them all and compacts the rest, as `compact` does.
+        The store's writer lock is held throughout: other writers, and readers that open a
+        snapshot, wait. Leaving the block before `finish` commits anything changes nothing."""
         from engagelake.store.publish import published
 
-        with self.store.compaction(parts) as job:
+        with self.store.compaction(parts, min_part_rows) as job:
             yield job
         marker = published(objects.join(self.store.uri, PUBLISHED_FOLDER)) if job.kept is not None else None
         if marker is not None and isinstance(tables := marker["tables"], dict):
             self._publish(list(tables), None, erase_old=True)
 
     @_store_errors
-    def compact_part(self, plan: compaction.Plan, part: compaction.Part) -> compaction.Written:
+    def compact_part(self, plan: Plan, part: Part) -> Written:
         """Write `part` of a compaction's `plan` (`compaction`) as files of its table, left for
         the compaction to commit; a failed part leaves none, so it may run again."""
         return self.store.compact_part(plan, part)

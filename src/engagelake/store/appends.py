@@ -203,10 +203,12 @@ def write_files(folder: str, data: pa.Table | pa.RecordBatchReader, schema: pa.S
         if current is not None:
             with suppress(Exception):
                 current[0].close()
+            with suppress(Exception):
                 current[1].close()
             done.append(({"path": current[2]}, 0))
         for add, _ in done:
-            objects.remove(objects.join(target, add["path"]))
+            with suppress(Exception):  # the error that got here is the one to tell
+                objects.remove(objects.join(target, add["path"]))
         raise
     return done
 

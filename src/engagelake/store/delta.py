@@ -57,6 +57,7 @@ from engagelake.errors import (
     TurnEndedError,
 )
 from engagelake.store import appends, compaction, merging, objects, records
+from engagelake.store.compaction import Part, Plan, Written
 from engagelake.store.footers import index_path, prune_indexes
 from engagelake.store.lease import Lease
 from engagelake.store.runs import (
@@ -1353,31 +1354,38 @@ class DeltaStore:
             return job.finish([], on_table=on_table)
 
     @contextmanager
-    def compaction(self, parts: int = 1) -> Iterator[Compaction]:
-        """A compaction whose big sorted tables are cut into about `parts` key ranges each
-        (`store/compaction.py`): the parts of `job.plan` are written by `compact_part`, in this
-        process or any other, then `job.finish(written)` commits them and compacts the rest as
-        `compact` does. The writer lock is held throughout. Leaving the block without finishing
-        changes nothing (the parts' files are left for the next compaction's vacuum)."""
+    def compaction(self, parts: int = 1, min_part_rows: int = compaction.MIN_PART_ROWS) -> Iterator[Compaction]:
+        """A compaction whose big sorted tables are cut into about `parts` key ranges each, of
+        `min_part_rows` stored rows at least (`store/compaction.py`): the parts of `job.plan`
+        are written by `compact_part`, in this process or any other, then `job.finish(written)`
+        commits them and compacts the rest as `compact` does. The writer lock is held
+        throughout. Leaving the block before `finish` commits anything changes nothing (the
+        parts' files are left for the next compaction's vacuum); leaving it after `finish`
+        failed midway raises, and the next writer rolls the compaction forward."""
         self.wait_for_merges()
         with self._writer_lock():
             self.head = self._read_head()
             self._recover()
             marker = self._compaction_marker()
             objects.touch(marker)
-            job = Compaction(self, Snapshot(self, self.head), parts)
+            job: Compaction | None = None
             try:
+                job = Compaction(self, Snapshot(self, self.head), parts, min_part_rows)
                 yield job
             finally:
-                if not job.committed:  # nothing changed yet: no compaction to roll forward
+                if job is None or not job.committed:  # nothing changed yet: no compaction to roll forward
                     objects.remove(marker)
+            if job.committed and job.kept is None:  # `finish` failed, and the block went on: the
+                # lease must not be given back as clean, or no writer would roll it forward
+                raise StoreError(f"the compaction of {self.uri} stopped midway (its `finish` failed); the next "
+                                 "writer rolls it forward")
         if job.kept is not None:
             if self.local:
                 prune_indexes(self.uri)
             for name in SORT_BY:  # the files of the versions just published (no head read again per table)
                 self.index_footers(name, self.files(name, self.head.versions.get(name)))
 
-    def compact_part(self, plan: compaction.Plan, part: compaction.Part) -> compaction.Written:
+    def compact_part(self, plan: Plan, part: Part) -> Written:
         """Write `part` of the compaction `plan` as files of its table, not committed (in any
         process: the planning compaction holds the writer lock and commits them)."""
         name = part.table
@@ -1388,9 +1396,9 @@ class DeltaStore:
             rows = merging.stream(con, compaction.rows_sql(name, plan.batch_no, part), schema)
             written = appends.write_files(self._path(name), rows, schema, file_options(name),
                                           file_bytes=MERGED_FILE_BYTES)
-        return compaction.Written(part, [add for add, _ in written], sum(n for _, n in written))
+        return Written(part, plan.batch_no, [add for add, _ in written], sum(n for _, n in written))
 
-    def _commit_written(self, name: str, table: DeltaTable, written: list[compaction.Written]) -> None:
+    def _commit_written(self, name: str, table: DeltaTable, written: list[Written]) -> None:
         """One version of `name` made of the parts' files, in their order, replacing every
         file it had."""
         adds = [add for part in written for add in part.adds]
@@ -1403,7 +1411,8 @@ class DeltaStore:
             return
         table.create_write_transaction(
             [AddAction(add["path"], add["size"], {}, add["modificationTime"], True, add["stats"]) for add in adds],
-            mode="overwrite", schema=_arrow_schema(name))
+            mode="overwrite", schema=_arrow_schema(name),
+            commit_properties=CommitProperties(max_commit_retries=0))  # no other writer may come between
 
     def _compact_ledger(self, gone: pl.Series, identifiers: pl.DataFrame) -> None:
         """Rewrite the ledger without the responses nobody may read again: those of batches
@@ -1639,16 +1648,18 @@ def _ledger_files(table: DeltaTable) -> tuple[list[str], bool]:
 class Compaction:
     """A compaction under way (`DeltaStore.compaction`): its plan of parts, then `finish`."""
 
-    def __init__(self, store: DeltaStore, snap: Snapshot, parts: int):
+    def __init__(self, store: DeltaStore, snap: Snapshot, parts: int, min_part_rows: int):
         self.store, self.snap = store, snap
         self.batch_no = snap.head.batch_no + 1
         self.untouched = store._never_written()
         self.committed = False  # a table written: from then on a crash rolls the compaction forward
         self.kept: dict[str, int] | None = None
-        self.plan = compaction.Plan(store.uri, snap.head, self.batch_no, tuple(self._parts(parts)))
+        self.ledger_version = store._ledger_version  # as read under the writer lock
+        self.plan = Plan(store.uri, snap.head, self.batch_no, tuple(self._parts(parts, min_part_rows)))
 
-    def _parts(self, parts: int) -> Iterator[compaction.Part]:
-        """Each big sorted table's key ranges of about 1/`parts` of its stored rows."""
+    def _parts(self, parts: int, min_part_rows: int) -> Iterator[Part]:
+        """Each big sorted table's key ranges of about 1/`parts` of its stored rows (and at
+        least `min_part_rows`: a smaller table is one part)."""
         if parts <= 1:
             return
         for name in STORED:
@@ -1657,15 +1668,18 @@ class Compaction:
             table = objects.delta_table(self.store._path(name))
             if not set(_arrow_schema(name).names) <= {f.name for f in table.schema().fields}:
                 continue  # delta-rs writes it whole, evolving its schema
-            for low, high in self.snap.key_ranges(name, max(1, -(-self.snap.rows(name) // parts))):
-                yield compaction.Part(name, low or None, high)
+            for low, high in self.snap.key_ranges(name, max(min_part_rows, -(-self.snap.rows(name) // parts))):
+                yield Part(name, low or None, high)
 
-    def finish(self, written: list[compaction.Written], *,
+    def finish(self, written: list[Written], *,
                on_table: Callable[[str, int, int], None] | None = None) -> dict[str, int]:
         """Commit the parts' files (`written`: one for each part of the plan), compact every
         other table, the ledger, and publish the new versions; returns the rows kept per table."""
         store, snap = self.store, self.snap
+        if self.kept is not None:
+            raise StoreError("this compaction is finished already")
         by_table = self._by_table(written)
+        self._check_turn()  # the parts may have taken long: a lease that lapsed meanwhile ends here
         with merging.connection(store.memory_limit) as con:
             snap.duckdb(con)  # current rows, over the old files: they stay until every table is written
             gone = con.sql('SELECT service_id FROM redirects WHERE "into" IS NULL').pl()["service_id"]
@@ -1689,6 +1703,7 @@ class Compaction:
                         objects.write_delta(table, rows, mode="overwrite", writer_properties=writer(name),
                                             schema_mode="overwrite" if name in PARTIAL else None)
                 _failpoint(f"compact:{name}")
+        self._check_turn()  # before the ledger is rewritten and old files deleted
         store._compact_ledger(gone, held)
         _failpoint("compact:_ledger")
         kept = store._finish_compaction(self.batch_no, [name for name in STORED if name not in self.untouched],
@@ -1697,14 +1712,24 @@ class Compaction:
         self.kept = {name: kept[name] for name in TABLES}
         return self.kept
 
-    def _by_table(self, written: list[compaction.Written]) -> dict[str, list[compaction.Written]]:
+    def _check_turn(self) -> None:
+        """On object storage: raise TurnEndedError when this writer's lease has ended, or
+        another writer committed since the plan (a folder's lock file cannot lapse)."""
+        if self.store._lease is not None:
+            self.store._lease.check()
+            self.store._fenced_ledger(self.ledger_version)
+
+    def _by_table(self, written: list[Written]) -> dict[str, list[Written]]:
         """The parts' files by table, each table's in the order of its ranges."""
         order = {part: n for n, part in enumerate(self.plan.parts)}
+        if any(w.batch_no != self.batch_no for w in written):
+            raise StoreError(f"a part written for another compaction (batch {written[0].batch_no}) was given to "
+                             f"compaction {self.batch_no}")
         if len(written) != len(order) or {w.part for w in written} != set(order):
             missing = [p for p in self.plan.parts if p not in {w.part for w in written}]
             raise StoreError(f"a compaction needs each of its {len(order)} parts written once; got {len(written)}"
                              + (f", missing {missing[0]}" if missing else ""))
-        tables: dict[str, list[compaction.Written]] = {}
+        tables: dict[str, list[Written]] = {}
         for w in sorted(written, key=lambda w: order[w.part]):
             tables.setdefault(w.part.table, []).append(w)
         return tables
@@ -1785,8 +1810,8 @@ class Snapshot:
         return current.select(list(SCHEMAS[name]))
 
     def key_ranges(self, name: str, rows: int) -> list[tuple[str, str | None]]:
-        """Ranges [low, high) of `name`'s sort column, about `rows` stored rows each, that
-        together cover every value (the last has no end)."""
+        """Ranges [low, high) of `name`'s sort column, about `rows` stored rows each (the last
+        up to half as many more), that together cover every value (the last has no end)."""
         column = SORT_BY[name]
         cuts = range_bounds(self.files(name), column, rows, self.store.footers)
         lows = ["", *cuts]

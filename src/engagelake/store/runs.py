@@ -632,8 +632,10 @@ def range_bounds(paths: list[str], column: str, rows: int, footers: FooterCache)
         return []
     total = sum(fence.footer.num_rows for fence in fences)
     step = max(1, rows * starts.size // max(total, 1))
-    # a bound cut inside a character (a truncated statistic) only moves the cut a little
-    cuts = {bytes(start).decode(errors="ignore") for start in starts[step::step]}
+    # a bound cut inside a character (a truncated statistic) only moves the cut a little; no
+    # cut within half a range of the end (it would leave a last range of a few rows: a part of
+    # its own to write or export)
+    cuts = {bytes(start).decode(errors="ignore") for start in starts[step:starts.size - step // 2:step]}
     return sorted(cuts - {""})
 
 
