@@ -297,10 +297,11 @@ def test_a_compaction_whose_finish_failed_midway_rolls_forward(store: Path, tmp_
 
 
 @pytest.mark.slow
-def test_compact_store_in_parts_on_a_dask_cluster_over_s3(s3: Any, cluster: LocalCluster, tmp_path: Path) -> None:
+def test_compact_store_in_parts_on_a_dask_cluster_over_s3(s3: Any, tmp_path: Path) -> None:
     """`compact_store(parts=3)` given a `DaskTaskRunner` of two worker processes, over moto's
     S3: the parts run in the workers and the store ends as a compaction in one piece leaves
-    another store of the same batches."""
+    another store of the same batches. (A cluster of its own: its workers must start with the
+    S3 server's environment, which the module's cluster may have started before.)"""
     stores = {"one": s3(), "parts": s3()}
     for uri in stores.values():
         ws = Workspace.open(uri, clock=lambda: NOW, seed="compaction")
@@ -310,7 +311,7 @@ def test_compact_store_in_parts_on_a_dask_cluster_over_s3(s3: Any, cluster: Loca
             {"identifier_to_merge": {"external_id": "user-000003"}, "identifier_to_keep": {"external_id": "bulk-00001"}}]}},
             {"method": "POST", "path": "/users/delete", "body": {"external_ids": ["user-000004"]}}])
     assert compact_store(stores["one"])["profiles"] > 2500
-    with Client(cluster) as client:
+    with LocalCluster(n_workers=2, processes=True, threads_per_worker=1) as cluster, Client(cluster) as client:
         before = client.run(lambda dask_worker: dask_worker.state.transition_counter)
         runner = DaskTaskRunner(address=cluster.scheduler_address)
         kept = compact_store.with_options(task_runner=runner)(stores["parts"], parts=3, min_part_rows=1)
