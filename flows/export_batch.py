@@ -81,14 +81,17 @@ class ExportPlan:
     batch: int
     at: datetime
     parts: list[list[tuple[str, str | None]]]
+    seed: str | None = None  # the store's (a part's worker checks it holds this store open)
 
 
 @task(name="plan-export", **IO_TASK_OPTIONS)
 def plan_export(store: str, users_per_chunk: int, parts: int) -> ExportPlan:
     """The batch and key ranges to export, as `parts` runs of consecutive ranges."""
-    batch, ranges = Workspace.open(store, create=False).export_ranges(users_per_chunk)
+    workspace = Workspace.open(store, create=False)
+    batch, ranges = workspace.export_ranges(users_per_chunk)
     size = -(-len(ranges) // max(parts, 1))  # ranges per part, rounded up
-    return ExportPlan(batch, datetime.now(UTC), [ranges[i : i + size] for i in range(0, len(ranges), size)])
+    return ExportPlan(batch, datetime.now(UTC), [ranges[i : i + size] for i in range(0, len(ranges), size)],
+                      workspace.store.head.seed)
 
 
 @task(name="export-part", task_run_name="export part {part}", **IO_TASK_OPTIONS)
@@ -97,7 +100,7 @@ def export_part(store: str, plan: ExportPlan, part: int, fields: list[str], out_
     `users.ndjson` and `users.parquet` in `out_dir`: memory follows a chunk, not the store. It
     opens the store itself, so it may run in any process that reaches the store and `out_dir`
     (a Dask worker)."""
-    workspace = Workspace.open(store, create=False, clock=lambda: plan.at)
+    workspace = Workspace.open_kept(store, clock=lambda: plan.at, seed=plan.seed)  # a worker's parts share one
     chunks = workspace.iter_users(fields, at_batch=plan.batch, key_ranges=plan.parts[part])
     return write_user_chunks(chunks, out_dir, fields)
 

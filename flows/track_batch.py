@@ -184,7 +184,7 @@ def compact(store: str, response_retention_days: float) -> dict[str, int]:
 def compact_part(store: str, plan: Plan, part: Part) -> Written:
     """Write one part of a compaction (files its planner commits); a failed part leaves no
     file, so a retry after an I/O error is safe."""
-    return Workspace.open(store, create=False).compact_part(plan, part)
+    return Workspace.open_kept(store, seed=plan.head.seed).compact_part(plan, part)  # a worker's parts share one
 
 
 @flow(name="compact_store")

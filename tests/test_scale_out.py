@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -21,7 +22,7 @@ from prefect_dask import DaskTaskRunner
 from tests.test_flows import workload
 from tests.test_model_property import SEED, clock, engine_settings, request_sequences
 
-from engagelake import Workspace
+from engagelake import Workspace, workspace
 from engagelake.demo import generate_workload
 from engagelake.errors import StoreError
 from engagelake.files import read_responses_file
@@ -101,6 +102,27 @@ def test_parts_read_the_batch_the_plan_read(store: Path, tmp_path: Path) -> None
     assert "late-user" in now and before[0]["external_id"] not in now
     with pytest.raises(StoreError, match="no batch"):
         list(ws.iter_users(["external_id"], at_batch=10_000))
+
+
+def test_a_kept_store_serves_a_threads_parts_until_the_store_is_made_again(tmp_path: Path) -> None:
+    """`open_kept`: one open store per location and thread, reused (the parts a worker runs);
+    a plan's seed that differs (the store was made again there) opens it anew."""
+    path = tmp_path / "store"
+    first = Workspace.open(path, seed="first")
+    first.call("POST", "/users/track", {"attributes": [{"external_id": "old", "plan": "a"}]})
+    kept = Workspace.open_kept(path, seed="first")
+    assert Workspace.open_kept(path).store is kept.store  # kept
+    with ThreadPoolExecutor(1) as pool:
+        assert pool.submit(lambda: Workspace.open_kept(path).store).result() is not kept.store  # per thread
+    shutil.rmtree(path)
+    Workspace.open(path, seed="second").call("POST", "/users/track", {"attributes": [{"external_id": "new"}]})
+    again = Workspace.open_kept(path, seed="second")
+    assert again.store is not kept.store
+    assert [u["external_id"] for chunk in again.iter_users(["external_id"]) for u in chunk] == ["new"]
+    for n in range(workspace.KEPT_STORES + 2):  # bounded: the oldest go
+        Workspace.open(tmp_path / f"s{n}")
+        Workspace.open_kept(tmp_path / f"s{n}")
+    assert len(workspace._KEPT) <= workspace.KEPT_STORES
 
 
 @pytest.mark.slow

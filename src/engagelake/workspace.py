@@ -19,6 +19,7 @@ import re
 import shutil
 import sys
 import tempfile
+import threading
 import time
 import uuid
 import weakref
@@ -170,6 +171,12 @@ def _strings(value: Any, key: str | None) -> Iterator[tuple[str | None, str]]:
     elif isinstance(value, list):
         for item in value:
             yield from _strings(item, key)
+
+
+# `Workspace.open_kept`'s stores, by location and thread: at most this many, the newest
+KEPT_STORES = 8
+_KEPT: dict[tuple[str, int], DeltaStore] = {}
+_KEPT_LOCK = threading.Lock()
 
 
 def _now() -> datetime:
@@ -698,6 +705,28 @@ class Workspace:
         return cls(DeltaStore(uri, seed=seed, create=create), clock or _now, fields_required=fields_required,
                    memory_limit=memory_limit, retry_for=retry_for, monthly_active_user_plan=monthly_active_user_plan,
                    response_retention=response_retention)
+
+    @classmethod
+    def open_kept(cls, uri: str | Path, *, clock: Clock | None = None, seed: str | None = None) -> Workspace:
+        """`open(uri, create=False, clock=clock)` over the store this thread opened at `uri`
+        before, kept for the process's life: for the tasks a long-lived worker runs over one
+        store (a Dask worker's export or compaction parts). On object storage, opening a store
+        costs about 33 requests and each table's first read loads its log; a kept store pays
+        that once per worker thread (an export of 20,000 users in 8 parts on 2 workers over
+        moto: 3,130 requests against 3,866). Its reads are as `open`'s: each brings the head
+        up to date, or names the batch or versions it reads. `seed`: the store's seed as the
+        caller read it (a plan's); a kept store of another seed, made before the store was
+        made again at `uri`, is replaced by a fresh open."""
+        key = (str(uri), threading.get_ident())
+        with _KEPT_LOCK:
+            store = _KEPT.get(key)
+        if store is None or (seed is not None and store.head.seed != seed):
+            store = DeltaStore(uri, create=False)
+            with _KEPT_LOCK:
+                _KEPT[key] = store
+                while len(_KEPT) > KEPT_STORES:  # the oldest go (a dict keeps insertion order)
+                    del _KEPT[next(iter(_KEPT))]
+        return cls(store, clock or _now, fields_required=True)
 
     @classmethod
     def create(cls, uri: str | Path, *, clock: Clock | None = None, seed: str | None = None,
