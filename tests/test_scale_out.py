@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import copy
 import shutil
-from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -257,6 +257,37 @@ def test_a_compaction_in_parts_equals_one_in_one_piece(store: Path, tmp_path: Pa
     assert ws.call("POST", "/users/track", {"attributes": [{"external_id": "after", "plan": "gold"}]}).status == 201
     exported = ws.call("POST", "/users/export/ids", {"external_ids": ["after"], "fields_to_export": ["custom_attributes"]})
     assert exported.body["users"] == [{"custom_attributes": {"plan": "gold"}}]
+
+
+def test_a_part_that_fails_is_retried_and_the_compaction_completes_once(store: Path, tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """`compact_store(parts=2)`: the first attempt of every part fails with a transient I/O
+    error after writing a file; Prefect runs each again, and the store ends as a compaction in
+    one piece leaves it, with no file of the failed attempts left."""
+    one, many = tmp_path / "one", tmp_path / "many"
+    shutil.copytree(store, one)
+    shutil.copytree(store, many)
+    kept_in_one_piece = Workspace.open(one, clock=lambda: NOW).compact()
+    original = delta.DeltaStore.compact_part
+    failed: list[Any] = []
+
+    def flaky(self: delta.DeltaStore, plan: Any, part: Any) -> Any:
+        written = original(self, plan, part)
+        if part not in failed:
+            failed.append(part)
+            for add in written.adds:  # as a part that died after writing: its files stay behind
+                assert (Path(self.uri) / part.table / add["path"]).exists()
+            raise ConnectionResetError("the connection dropped")
+        return written
+
+    monkeypatch.setattr(delta.DeltaStore, "compact_part", flaky)
+    kept = compact_store(str(many), parts=2, min_part_rows=1)
+    assert len(failed) >= 4 and kept == kept_in_one_piece  # every part failed once, then ran
+    assert_same_store(many, one)
+    after = Workspace.open(many).store
+    for name in TABLES:  # the failed attempts' files went with the compaction's vacuum
+        named = {Path(f).name for f in after.files(name, after.head.versions.get(name))}
+        assert {f.name for f in (many / name).glob("*.parquet")} <= named, name
 
 
 def test_a_compaction_left_unfinished_changes_nothing(store: Path, tmp_path: Path) -> None:
