@@ -29,6 +29,7 @@ from engagelake.files import read_responses_file
 from engagelake.rules.messages import EXPORT_FIELDS
 from engagelake.store import delta
 from engagelake.tables.schema import TABLES
+from flows import export_batch as export_batch_flows
 from flows.export_batch import ExportResult, export_all, export_batch
 from flows.track_batch import compact_store, publish_current, track_batch
 
@@ -82,6 +83,27 @@ def test_an_export_in_parts_writes_the_files_of_one_part(store: Path, tmp_path: 
     assert one.users == Workspace.open(store).table("profiles").collect().height
     assert_same_export(export_all(str(tmp_path / "parts"), str(store), users_per_chunk=500, parts=parts), one)
     assert sorted(p.name for p in (tmp_path / "parts").iterdir()) == ["users.ndjson", "users.parquet"]  # parts gone
+
+
+def test_an_export_part_that_fails_is_retried_and_the_files_are_those_of_one_part(
+        store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every part's first attempt fails with a transient I/O error after writing its files;
+    Prefect runs it again, and the joined files are those of one part."""
+    one = export_all(str(tmp_path / "one"), str(store), users_per_chunk=500)
+    original = export_batch_flows.write_user_chunks
+    failed: set[str] = set()
+
+    def flaky(chunks: Any, out_dir: str, fields: list[str]) -> Any:
+        written = original(chunks, out_dir, fields)
+        if out_dir not in failed:
+            failed.add(out_dir)
+            raise ConnectionResetError("the connection dropped")
+        return written
+
+    monkeypatch.setattr(export_batch_flows, "write_user_chunks", flaky)
+    many = export_all(str(tmp_path / "parts"), str(store), users_per_chunk=500, parts=3)
+    assert len(failed) == 3
+    assert_same_export(many, one)
 
 
 def test_parts_read_the_batch_the_plan_read(store: Path, tmp_path: Path) -> None:
@@ -150,7 +172,8 @@ def test_an_export_on_a_dask_cluster_over_s3_equals_one_process(s3: Any, tmp_pat
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[LocalCluster]:
+def cluster(s3: Any) -> Iterator[LocalCluster]:
+    """Two worker processes, started once the S3 server's environment is set (they inherit it)."""
     with LocalCluster(n_workers=2, processes=True, threads_per_worker=1) as local:
         yield local
 
