@@ -359,6 +359,33 @@ def test_a_writer_whose_lease_ended_unseen_cannot_write_its_ledger_row_after_ano
     assert open_s3(uri).call("POST", "/users/track", {"attributes": [{"external_id": "u3"}]}).status == 201
 
 
+def test_a_compaction_whose_lease_ended_while_its_parts_ran_commits_nothing(
+        s3: Callable[[], str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Planner A's renewals stop unseen while its parts are written; its lease ends, writer B
+    takes it (rolling the compaction A left forward) and commits a batch; A's `finish` is then
+    refused before it writes a table, and the store holds B's batch."""
+    monkeypatch.setattr(lease, "LEASE_S", 0.5)
+    uri = s3()
+    a, b = open_s3(uri), open_s3(uri)
+    users = [{"external_id": f"u{n}", "plan": "free"} for n in range(30)]
+    assert a.call("POST", "/users/track", {"attributes": users}).status == 201
+    with pytest.raises(StoreError, match="another writer committed"), a.compaction(2, min_part_rows=1) as job:
+        written = [a.compact_part(job.plan, part) for part in job.plan.parts]
+        held = a.store._lease
+        assert held is not None and held._renewer is not None
+        held._stop.set()  # its renewals stop, and nothing notices
+        held._renewer.join()
+        time.sleep(0.7)  # its lease has ended
+        assert b.call("POST", "/users/track", {"attributes": [{"external_id": "u1", "plan": "pro"}]}).status == 201
+        job.finish(written)
+    for name in ("profiles", "attributes"):  # refused before it wrote a table version
+        assert objects.delta_table(f"{uri}/{name}").version() == b.store.head.versions[name], name
+    reader = open_s3(uri)
+    assert export_one(reader, "u1", ["custom_attributes"]) == {"custom_attributes": {"plan": "pro"}}
+    assert reader.store.head.batch_no == b.store.head.batch_no  # nothing after B's batch
+    assert open_s3(uri).call("POST", "/users/track", {"attributes": [{"external_id": "u2", "plan": "x"}]}).status == 201
+
+
 @pytest.mark.slow
 def test_writer_processes_on_s3_all_commit_and_lose_no_update(s3: Callable[[], str]) -> None:
     uri = s3()
