@@ -28,7 +28,7 @@ from engagelake.errors import StoreError
 from engagelake.files import read_responses_file
 from engagelake.rules.messages import EXPORT_FIELDS
 from engagelake.store import delta
-from engagelake.tables.schema import TABLES
+from engagelake.tables.schema import INDEXES, TABLES
 from flows import export_batch as export_batch_flows
 from flows.export_batch import ExportResult, export_all, export_batch
 from flows.track_batch import compact_store, publish_current, track_batch
@@ -248,10 +248,13 @@ def assert_same_store(got: Path | str, want: Path | str, *, apart: bool = False)
     the stores took the same requests apart, so their lineage names other batch IDs (and the
     rows of one batch may come in another order)."""
     rows, expected = current_rows(got), current_rows(want)
+    for store, at in ((rows, got), (expected, want)):
+        snapshot = Workspace.open(at).store.snapshot()
+        store.update({index: snapshot.scan(index).collect() for index in INDEXES})
     if apart:
         for store in (rows, expected):
             store["merges"] = store["merges"].drop("batch").sort("seq")
-    for name in TABLES:
+    for name in (*TABLES, *INDEXES):
         assert rows[name].equals(expected[name]), name
     fields = list(EXPORT_FIELDS)
     assert Workspace.open(got).export_users(fields) == Workspace.open(want).export_users(fields)

@@ -10,10 +10,10 @@ writer lock throughout) commits every part of a table as one version once all ar
 (`DeltaStore.compaction`). A part that fails leaves no file; one that ran and was never
 committed leaves files no version names, which the next compaction's vacuum deletes.
 
-Tables a compaction reads whole anyway stay one piece, written by the compaction itself: the
-indexes (each is the distinct values of a column of its table, not sorted by the table's key),
-the small unsorted tables (lineage, resources), and a table whose files lack a column of its
-schema (delta-rs writes it, evolving the schema).
+An index is one part, whole: it is the distinct values of a column of its table, which is
+not sorted by that column, so a range of it would read the whole table. The small unsorted
+tables (lineage, resources), and a table whose files lack a column of its schema (delta-rs
+writes it, evolving the schema), are written by the compaction itself.
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ class Written:
 
 
 def splits(name: str) -> bool:
-    """Whether `name` may be compacted in parts (its current rows filter by its sort column
+    """Whether `name` may be compacted in ranges (its current rows filter by its sort column
     where its files are read, so a part reads only its range)."""
     return name in SORT_BY and name not in INDEXES
 

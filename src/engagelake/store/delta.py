@@ -1392,7 +1392,8 @@ class DeltaStore:
         snap = Snapshot(self, plan.head)  # the planner commits nothing before its parts are in
         schema = _arrow_schema(name)
         with merging.connection(self.memory_limit) as con:
-            snap.duckdb(con, ("redirects", name) if name in HISTORY else (name,))
+            base = INDEXES[name][0] if name in INDEXES else name  # an index is drawn from its table
+            snap.duckdb(con, ("redirects", base) if base in HISTORY else (base,))
             rows = merging.stream(con, compaction.rows_sql(name, plan.batch_no, part), schema)
             written = appends.write_files(self._path(name), rows, schema, file_options(name),
                                           file_bytes=MERGED_FILE_BYTES)
@@ -1659,15 +1660,18 @@ class Compaction:
 
     def _parts(self, parts: int, min_part_rows: int) -> Iterator[Part]:
         """Each big sorted table's key ranges of about 1/`parts` of its stored rows (and at
-        least `min_part_rows`: a smaller table is one part)."""
+        least `min_part_rows`: a smaller table is one part); each index, whole."""
         if parts <= 1:
             return
         for name in STORED:
-            if name in self.untouched or not compaction.splits(name) or not self.snap.holds(name):
+            if name in self.untouched or name not in SORT_BY or not self.snap.holds(name):
                 continue
             table = objects.delta_table(self.store._path(name))
             if not set(_arrow_schema(name).names) <= {f.name for f in table.schema().fields}:
                 continue  # delta-rs writes it whole, evolving its schema
+            if not compaction.splits(name):
+                yield Part(name, None, None)
+                continue
             for low, high in self.snap.key_ranges(name, max(min_part_rows, -(-self.snap.rows(name) // parts))):
                 yield Part(name, low or None, high)
 
