@@ -1672,7 +1672,9 @@ class Compaction:
             if not compaction.splits(name):
                 yield Part(name, None, None)
                 continue
-            for low, high in self.snap.key_ranges(name, max(min_part_rows, -(-self.snap.rows(name) // parts))):
+            per_part = max(min_part_rows, -(-self.snap.rows(name) // parts))
+            # a loop over a table's few ranges (about `parts`), not its rows: planning, run once
+            for low, high in self.snap.key_ranges(name, per_part):
                 yield Part(name, low or None, high)
 
     def finish(self, written: list[Written], *,
