@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from engagelake.store.merging import sql_text
 from engagelake.store.runs import SORT_BY, sort_order
 from engagelake.tables.partial import PARTIAL
 from engagelake.tables.schema import HISTORY, INDEXES, KEYS, SCHEMAS
@@ -83,11 +84,10 @@ def rows_sql(name: str, batch_no: int, part: Part | None = None) -> str:
         source = f'(SELECT DISTINCT {columns} FROM "{table}" WHERE "{column}" IS NOT NULL)'
     where = ""
     if part is not None and (part.low, part.high) != (None, None):
-        condition = _in_range(SORT_BY[name], part)
         if name in HISTORY:  # history moved to survivors: a part is by the survivor's ID
             source = _history_in_range(name, columns, part)
         else:
-            where = f" WHERE {condition}"
+            where = f" WHERE {_in_range(SORT_BY[name], part)}"
     mask = ", NULL::BIGINT AS _set" if name in PARTIAL else ""  # current rows are whole
     by = ", ".join(f'"{c}"' for c in order)
     return (f"SELECT {columns}, {batch_no}::BIGINT AS _batch, false AS _deleted{mask} "
@@ -99,9 +99,9 @@ def _in_range(column: str, part: Part, qualifier: str = "") -> str:
     ref = f'{qualifier}"{column}"'
     bounds = []
     if part.low:
-        bounds.append(f"{ref} >= {_text(part.low)}")
+        bounds.append(f"{ref} >= {sql_text(part.low)}")
     if part.high is not None:
-        bounds.append(f"{ref} < {_text(part.high)}")
+        bounds.append(f"{ref} < {sql_text(part.high)}")
     condition = " AND ".join(bounds) or "true"
     return f"({condition})" if part.high is not None else f"({condition} OR {ref} IS NULL)"
 
@@ -116,6 +116,3 @@ def _history_in_range(name: str, columns: str, part: Part) -> str:
              f'JOIN redirects r USING (service_id) WHERE r."into" IS NOT NULL AND {_in_range("into", part, "r.")}')
     return f"({own} UNION ALL {moved})"
 
-
-def _text(value: str) -> str:
-    return "'" + value.replace("'", "''") + "'"

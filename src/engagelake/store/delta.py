@@ -1904,7 +1904,3 @@ def _paths_by_name(table: DeltaTable) -> dict[str, str]:
     """A local table's data files by their names (add actions name them relative and
     percent-encoded, `file_uris` absolute)."""
     return {_file_name(uri): unquote(uri) for uri in table.file_uris()}
-
-
-def _sql_text(value: str) -> str:
-    return "'" + value.replace("'", "''") + "'"

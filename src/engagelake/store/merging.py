@@ -127,7 +127,7 @@ def merge_sql(name: str, columns: list[str], key: tuple[str, ...] | None, order:
 def read_files(files: list[str], *, partial: bool) -> str:
     """DuckDB's reader of `files`; those of a `PARTIAL` table may lack the mask column (files
     written before it), which then reads as null."""
-    listed = ", ".join(_text(f) for f in files)
+    listed = ", ".join(sql_text(f) for f in files)
     return f"read_parquet([{listed}], union_by_name = true)" if partial else f"read_parquet([{listed}])"
 
 
@@ -183,5 +183,6 @@ def stream(con: duckdb.DuckDBPyConnection, sql: str, schema: pa.Schema) -> pa.Re
     return pa.RecordBatchReader.from_batches(schema, batches())
 
 
-def _text(value: str) -> str:
+def sql_text(value: str) -> str:
+    """`value` as a SQL string literal."""
     return "'" + value.replace("'", "''") + "'"
