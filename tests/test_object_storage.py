@@ -41,7 +41,7 @@ from tests.test_model_property import (
 )
 
 from engagelake import Workspace
-from engagelake.errors import ConfigError, IdempotencyKeyReused, StoreError
+from engagelake.errors import ConfigError, IdempotencyKeyReused, StoreDamaged, StoreError
 from engagelake.store import delta, lease, objects
 from engagelake.store.delta import DeltaStore
 from engagelake.store.lease import Lease
@@ -554,3 +554,79 @@ def test_a_call_on_s3_costs_the_same_requests_after_40_batches_as_after_4(s3: S3
     opened: list[Workspace] = []
     assert _requests_of(s3, lambda: opened.append(open_s3(uri))) <= 60  # (before: 508)
     assert export_one(opened[0], "u39", ["email"]) == {"email": "u39@example.com"}
+
+
+@pytest.mark.slow  # a store, a failed commit and three repairs against moto: seconds each
+def test_check_and_repair_work_on_s3_as_on_a_folder(s3: Callable[[], str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """`check` lists a store on S3 and reads every log entry and footer; what a dead commit
+    left (tables ahead of the ledger, a torn entry past it) `repair` undoes, and a missing data
+    object is named and refused, changing nothing."""
+    uri = s3()
+    ws = open_s3(uri)
+    assert ws.call("POST", "/users/track", {"attributes": [{"external_id": "a", "plan": "free"}]}).status == 201
+    report = Workspace.check(uri)
+    assert report.healthy and not report.repairable, report.problems
+    assert report.uri == uri and report.head is not None and sum(report.checked.values()) > 0
+
+    real = DeltaStore._append_ledger
+
+    def fail_batches(self: DeltaStore, batch_no: int, *args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("kind") == "batch":
+            raise OSError("the ledger could not be written")
+        return real(self, batch_no, *args, **kwargs)
+
+    with monkeypatch.context() as patch:  # tables written, then the ledger row refused
+        patch.setattr(DeltaStore, "_append_ledger", fail_batches)
+        with pytest.raises(OSError):
+            ws.call("POST", "/users/track", {"attributes": [{"external_id": "a", "plan": "lost"}]})
+    ahead = Workspace.check(uri)
+    assert ahead.healthy and set(ahead.rollback) >= {"attributes"}, ahead.rollback
+    assert any("ahead of the ledger" in note for note in ahead.notes)
+    Workspace.repair(uri)
+    after = Workspace.check(uri)
+    assert after.healthy and not after.repairable
+    assert export_one(open_s3(uri), "a", ["custom_attributes"]) == {"custom_attributes": {"plan": "free"}}
+
+    named = objects.delta_table(f"{uri}/attributes").version()  # a torn entry past the ledger's version
+    torn = f"{uri}/attributes/_delta_log/{named + 1:020d}.json"
+    objects.write_whole(torn, b'{"commitInfo": {"timestamp": 1')
+    found = Workspace.check(uri)  # it goes aside with the entries past the ledger's before it
+    assert torn in found.aside and not found.unrepairable(), found.problems
+    Workspace.repair(uri)
+    assert not objects.exists(torn) and Workspace.check(uri).healthy
+    assert [key for key in objects.files_under(f"{uri}/_repaired") if key.endswith(f"{named + 1:020d}.json")]
+    assert export_one(open_s3(uri), "a", ["custom_attributes"]) == {"custom_attributes": {"plan": "free"}}
+
+    gone = f"{uri}/profiles/{sorted(Workspace.check(uri).current['profiles'])[0]}"
+    objects.remove(gone)
+    damaged = Workspace.check(uri)
+    assert [p.path for p in damaged.unrepairable()] == [gone] and "missing" in damaged.problems[0].what
+    with pytest.raises(StoreDamaged, match="cannot fix safely"):
+        Workspace.repair(uri)
+
+
+@pytest.mark.slow  # several stores, commits and a compaction against moto: seconds each
+def test_forget_check_on_s3_finds_a_deleted_user_until_compaction(s3: Callable[[], str]) -> None:
+    """`forget_check` searches every object under the store's prefix: after a delete it finds
+    the user's values (in at least every object whose raw bytes hold them), after a
+    compaction nothing, and no object keeps an older version."""
+    uri = s3()
+    ws = open_s3(uri)
+    ws.apply(copy.deepcopy(BATCH))
+    ws.call("POST", "/users/track", {"attributes": [{"external_id": "gone-user", "email": "gone@example.org",
+                                                     "nickname": "zebra-unicorn-17"}],
+                                      "events": [{"external_id": "gone-user", "name": "secret-event",
+                                                  "time": "2026-11-20T00:00:00Z"}]})
+    assert ws.call("POST", "/users/delete", {"external_ids": ["gone-user"]}).body["deleted"] == 1
+    secrets = ("gone@example.org", "zebra-unicorn-17", "secret-event")
+    report = ws.forget_check(external_id="gone-user", values=secrets)
+    assert report.found and report.root == uri and report.files == len(objects.files_under(uri))
+    prefix = uri.removeprefix("s3://").split("/", 1)[1] + "/"
+    for secret in ("gone-user", *secrets):
+        raw = {key.removeprefix(prefix) for key in _objects_holding(uri, secret)}
+        assert raw and raw <= {o.path for o in report.occurrences if o.value == secret}, secret
+    ws.compact()
+    after = ws.forget_check(external_id="gone-user", values=secrets)
+    assert not after.found and after.retained == [], after.occurrences[:3]
+    kept = ws.forget_check(external_id="u1")  # another user's values are still found
+    assert kept.found and kept.profiles == 1

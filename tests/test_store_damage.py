@@ -221,7 +221,7 @@ def test_a_half_written_log_entry_past_the_ledger_is_moved_aside(tmp_path: Path)
     torn.write_text('{"add": {"path": "part-0')  # a commit that never finished
 
     report = check(store)
-    assert not report.unrepairable() and torn in report.aside
+    assert not report.unrepairable() and str(torn) in report.aside
     repair(store)
     assert check(store).healthy
     ws = Workspace.open(store, clock=lambda: NOW)

@@ -472,12 +472,13 @@ def publish(
 
 @app.command()
 def check(store: Store = DEFAULT_STORE) -> None:
-    """Verify a local store against its ledger; exit 0 when healthy, 1 otherwise.
+    """Verify a store (a folder or an s3:// URI) against its ledger; exit 0 when healthy, 1 otherwise.
 
     Every table version the ledger names must exist, its Delta log entries parse, and every data file it references exist and its Parquet footer read. Prints one line per problem, notes (such as what the read caches under _footers/ hold), then what `engagelake repair` would do about it.
 
-    Example:
+    Examples:
       engagelake check --store data/store
+      engagelake check --store s3://lake/engagement
     """
     with _input_errors():
         from engagelake import Workspace
@@ -549,7 +550,7 @@ def forget_check(
                      "from before the delete."),
     ] = None,
 ) -> None:
-    """Verify a hard delete: search every file of a local store for any copy of a user's data.
+    """Verify a hard delete: search every file of a store (every object under its prefix on S3) for any copy of a user's data.
 
     Table data, files of older versions still on disk, Delta log entries and checkpoints, Parquet statistics (footer and page index), footer caches, the published current/ folder and any other file are searched, Parquet decoded. Prints each place a value occurs and each table's old versions still on disk; exits 1 when a value occurs anywhere (or a file could not be searched whole), 0 otherwise.
 
@@ -558,6 +559,7 @@ def forget_check(
     Examples:
       engagelake forget-check --store data/store --external-id user-42
       engagelake forget-check --external-id user-42 --value user42@example.com
+      engagelake forget-check --store s3://lake/engagement --external-id user-42
     """
     names = _parse_alias(alias) if alias is not None else None
     if external_id is None and email is None and phone is None and names is None and not value:

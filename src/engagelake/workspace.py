@@ -746,9 +746,9 @@ class Workspace:
 
     @staticmethod
     def check(uri: str | Path) -> Report:
-        """Verify the local store at `uri` against its ledger (`engagelake check`): every table
-        version the ledger names, its log entries and every data file it references. Opens
-        nothing: a damaged store can be checked."""
+        """Verify the store at `uri` (a local folder or a URI) against its ledger (`engagelake
+        check`): every table version the ledger names, its log entries and every data file it
+        references. Opens nothing: a damaged store can be checked."""
         from engagelake.store.check import check
 
         return check(uri)
@@ -1002,17 +1002,15 @@ class Workspace:
 
     def forget_check(self, *, external_id: str | None = None, email: str | None = None, phone: str | None = None,
                      alias: tuple[str, str] | None = None, values: Iterable[str] = ()) -> ForgetReport:
-        """Where any copy of a user's data remains in the store folder (`engagelake
-        forget-check`): every file under it, old versions, logs, statistics and caches
-        included (`store/forget.py`). Searched for: the identifiers given (an alias, given as
-        (alias_name, alias_label), by its name), `values`, and while the identifiers still
-        name profiles, every string of their full export of at least FORGET_MIN_CHARS
-        characters but those of FORGET_SKIPPED and the times the engine wrote. Local stores
-        only; writes nothing (the export commits no batch)."""
+        """Where any copy of a user's data remains in the store (`engagelake forget-check`):
+        every file under its folder, or every object under its prefix on object storage, old
+        versions, logs, statistics and caches included (`store/forget.py`). Searched for: the
+        identifiers given (an alias, given as (alias_name, alias_label), by its name), `values`,
+        and while the identifiers still name profiles, every string of their full export of at
+        least FORGET_MIN_CHARS characters but those of FORGET_SKIPPED and the times the engine
+        wrote. Writes nothing (the export commits no batch)."""
         from engagelake.store.forget import find_copies
 
-        if not self.store.local:
-            raise ConfigError(f"forget_check reads the files of a local store; {self.store.uri} is not one")
         identifiers = [v for v in (external_id, email, phone, alias[0] if alias else None) if v is not None]
         users = self._users_named(external_id, email, phone, alias)
         held = [text for user in users for key, text in _strings(user, None)

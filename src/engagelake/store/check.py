@@ -1,5 +1,5 @@
-"""`engagelake check` and `engagelake repair`: verify a local store against its ledger, and undo
-what a dead or damaged commit left, where that is safe.
+"""`engagelake check` and `engagelake repair`: verify a store (a local folder or on object
+storage) against its ledger, and undo what a dead or damaged commit left, where that is safe.
 
 The check reads, for the ledger and for every table at the version the ledger names: each Delta
 log entry (it must parse, and the entries must follow each other), the version itself, and every
@@ -17,13 +17,17 @@ ledger log entry that does not parse, and ledger row files no log entry referenc
 two discard the batch they held (its rows stay in the tables' files until a compaction), which
 the plan says before it runs. Anything else (a data file or log entry the ledger's versions
 need) is not repairable here: restore it from a backup.
+
+On object storage the check lists each table's log and data objects once (a listing is paged,
+not a request per object), reads every log entry and every data file's footer, and holds the
+store's lease while it runs, as a writer would; a move aside is a copy and a delete.
 """
 
 from __future__ import annotations
 
 import re
-import shutil
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -36,8 +40,10 @@ import pyarrow.parquet as pq
 from deltalake import DeltaTable
 
 from engagelake.errors import StoreDamaged, StoreError
+from engagelake.store import objects
 from engagelake.store.delta import COMPACTING, LEDGER, DeltaStore, writer_lock
 from engagelake.store.footers import INDEX_FOLDER, data_file_of
+from engagelake.store.lease import Lease
 from engagelake.tables.schema import STORED
 
 REPAIRED = "_repaired"  # where `repair` moves the files it takes out of a store
@@ -65,7 +71,7 @@ class Report:
     problems: list[Problem] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # normal states worth saying
     rollback: dict[str, tuple[int, int]] = field(default_factory=dict)  # table: (newest, ledger's)
-    aside: list[Path] = field(default_factory=list)  # files `repair` moves into REPAIRED
+    aside: list[str] = field(default_factory=list)  # files `repair` moves into REPAIRED
     discarded: list[int] = field(default_factory=list)  # batches the moves aside discard
     checked: dict[str, int] = field(default_factory=dict)  # table: data files verified
     current: dict[str, set[str]] = field(default_factory=dict)  # table: its data files at the ledger's version
@@ -82,7 +88,7 @@ class Report:
 
     def plan(self) -> list[str]:
         """What `repair` will do, one plain line each."""
-        lines = [f"move aside {path.relative_to(self.uri)} (into {REPAIRED}/)" for path in self.aside]
+        lines = [f"move aside {_relative(path, self.uri)} (into {REPAIRED}/)" for path in self.aside]
         lines += [f"discard batch {batch}: no ledger log entry names it any more; its rows stay, unpublished, "
                   "in the table files until `engagelake compact`" for batch in self.discarded]
         lines += [f"roll {name} back from version {newest} to version {named}, the version the ledger names"
@@ -93,26 +99,33 @@ class Report:
         return [p for p in self.problems if not p.repairable]
 
 
-def log_entries(table: Path) -> dict[int, Path]:
+def _relative(path: str, root: str) -> str:
+    return path[len(root.rstrip("/")) + 1:] if path.startswith(root.rstrip("/") + "/") else path
+
+
+def _log_files(table: str) -> list[str]:
+    """The names of the files in a table's `_delta_log` folder (none: no log)."""
+    return [rel for rel in objects.files_under(objects.join(table, "_delta_log")) if "/" not in rel]
+
+
+def log_entries(table: str) -> dict[int, str]:
     """A table's Delta log entries by version."""
-    folder = table / "_delta_log"
-    if not folder.is_dir():
-        return {}
-    return {int(m.group(1)): p for p in folder.iterdir() if (m := _ENTRY.match(p.name))}
+    folder = objects.join(table, "_delta_log")
+    return {int(m.group(1)): objects.join(folder, name) for name in _log_files(table) if (m := _ENTRY.match(name))}
 
 
-def _checkpoints(table: Path) -> list[int]:
-    folder = table / "_delta_log"
-    return sorted(int(m.group(1)) for p in folder.iterdir() if (m := _CHECKPOINT.match(p.name))) \
-        if folder.is_dir() else []
+def _checkpoints(table: str) -> list[int]:
+    return sorted(int(m.group(1)) for name in _log_files(table) if (m := _CHECKPOINT.match(name)))
 
 
-def entry_error(path: Path) -> str | None:
+def entry_error(path: str) -> str | None:
     """Why a Delta log entry does not parse (each line one JSON action), or None."""
     try:
-        text = path.read_bytes()
+        text = objects.read_whole(path)
     except OSError as error:
-        return f"cannot be read ({error.strerror})"
+        return f"cannot be read ({error.strerror or _first_line(error)})"
+    if text is None:
+        return "cannot be read (it is gone)"
     lines = [line for line in text.splitlines() if line.strip()]
     if not lines:
         return "is empty"
@@ -126,21 +139,26 @@ def entry_error(path: Path) -> str | None:
     return None
 
 
+def _root(uri: str | Path) -> str:
+    return str(uri) if objects.is_remote(str(uri)) else str(Path(uri))
+
+
 def check_store(uri: str | Path) -> Report:
-    """Check the store at `uri` (a local folder) without locking it; see the module docstring."""
-    root = Path(uri)
-    report = Report(str(root))
-    if not root.is_dir():
-        report.problems.append(Problem(str(root), "is not a folder" if root.exists() else "does not exist"))
+    """Check the store at `uri` (a local folder or a URI) without locking it; see the module
+    docstring."""
+    root = _root(uri)
+    report = Report(root)
+    if not objects.is_folder(root):
+        report.problems.append(Problem(root, "is not a folder" if objects.exists(root) else "does not exist"))
         return report
-    ledger = root / LEDGER
+    ledger = objects.join(root, LEDGER)
     entries = log_entries(ledger)
     if not entries:
-        tables = [name for name in STORED if (root / name / "_delta_log").is_dir()]
+        tables = [name for name in STORED if objects.is_folder(objects.join(root, f"{name}/_delta_log"))]
         what = (f"missing: the store's tables ({', '.join(tables[:5])}{', ...' if len(tables) > 5 else ''}) "
                 "have no ledger naming their committed versions; restore the ledger from a backup") if tables \
             else "missing: this folder holds no engagelake store"
-        report.problems.append(Problem(str(ledger / "_delta_log"), what))
+        report.problems.append(Problem(objects.join(ledger, "_delta_log"), what))
         return report
     version = _check_log(report, ledger, None, ledger_log=True)
     if version is None:
@@ -148,27 +166,27 @@ def check_store(uri: str | Path) -> Report:
     if not _check_files(report, ledger, LEDGER, version):
         return report
     try:  # a row per batch ever committed: the numbers of all, the versions of the newest only
-        table = DeltaTable(str(ledger), version=version)
+        table = objects.delta_table(ledger, version)
         batches = pa.table(table.to_pyarrow_table(columns=["batch_no"])).column("batch_no")
         head = pc.max(batches).as_py()
         newest = pa.table(table.to_pyarrow_table(columns=["versions"], filters=[("batch_no", "=", head)])) \
             if head is not None else None
     except Exception as error:  # noqa: BLE001 - any failure to read is the finding
-        report.problems.append(Problem(str(ledger), f"version {version} cannot be read ({_first_line(error)})"))
+        report.problems.append(Problem(ledger, f"version {version} cannot be read ({_first_line(error)})"))
         return report
     if newest is None or newest.num_rows == 0:
-        report.problems.append(Problem(str(ledger), "holds no rows: it was not written by engagelake"))
+        report.problems.append(Problem(ledger, "holds no rows: it was not written by engagelake"))
         return report
     report.head = head
     versions: dict[str, int] = orjson.loads(newest.column("versions")[0].as_py())
     _lost_ledger_rows(report, table, report.head)
-    compacting = (root / COMPACTING).exists()
+    compacting = objects.exists(objects.join(root, COMPACTING))
     if compacting:
         report.notes.append(f"a compaction did not finish ({COMPACTING} is there): the next writer rolls it "
                             "forward; `engagelake repair` does too")
     for name in sorted(versions):
-        _check_table(report, root / name, name, versions[name], compacting=compacting)
-    unnamed = [name for name in STORED if name not in versions and log_entries(root / name)]
+        _check_table(report, objects.join(root, name), name, versions[name], compacting=compacting)
+    unnamed = [name for name in STORED if name not in versions and log_entries(objects.join(root, name))]
     if unnamed:
         report.notes.append(f"tables the ledger does not name yet (written by a writer that died, or built by "
                             f"an unfinished compaction): {', '.join(unnamed)}")
@@ -182,18 +200,17 @@ def check_store(uri: str | Path) -> Report:
     return report
 
 
-def _footers_note(report: Report, root: Path) -> None:
+def _footers_note(report: Report, root: str) -> None:
     """What the read caches beside the tables hold (`store/footers.py`, `store/records.py`): a
     reader rebuilds or goes without any of them, so they are counted, not checked."""
-    folder = root / INDEX_FOLDER
     count = size = stale = stale_size = 0
-    for table in sorted(folder.iterdir()) if folder.is_dir() else []:
-        current = report.current.get(table.name, set())
-        for path in table.iterdir() if table.is_dir() else []:
-            n = path.stat().st_size
-            count, size = count + 1, size + n
-            if data_file_of(path.name) not in current:
-                stale, stale_size = stale + 1, stale_size + n
+    for rel, n in sorted(objects.files_under(objects.join(root, INDEX_FOLDER)).items()):
+        table, _, name = rel.partition("/")
+        if not name or "/" in name:
+            continue
+        count, size = count + 1, size + n
+        if data_file_of(name) not in report.current.get(table, set()):
+            stale, stale_size = stale + 1, stale_size + n
     if not count:
         return
     line = f"read caches ({INDEX_FOLDER}/: footer indexes, Bloom filters, record copies): {count:,} files, {_mib(size)}"
@@ -207,14 +224,14 @@ def _mib(n: int) -> str:
     return f"{n / 2**20:,.1f} MiB"
 
 
-def _check_log(report: Report, table: Path, named: int | None, *, ledger_log: bool = False) -> int | None:
+def _check_log(report: Report, table: str, named: int | None, *, ledger_log: bool = False) -> int | None:
     """Check a table's log entries; returns the newest version that may be loaded (for the
     ledger: its newest good entry; None when the log cannot be used). `named`: the version the
     ledger names (entries past it belong to no committed batch)."""
     entries = log_entries(table)
     if not entries:
-        report.problems.append(Problem(str(table / "_delta_log"), "missing or empty: the table has no Delta log; "
-                                       "restore it from a backup"))
+        report.problems.append(Problem(objects.join(table, "_delta_log"), "missing or empty: the table has no "
+                                       "Delta log; restore it from a backup"))
         return None
     checkpoints = _checkpoints(table)
     first, newest = min(entries), max(entries)
@@ -222,43 +239,43 @@ def _check_log(report: Report, table: Path, named: int | None, *, ledger_log: bo
     if first > 0 and not any(c >= first - 1 for c in checkpoints):
         gaps = list(range(0, first)) + gaps
     for version in gaps:
-        report.problems.append(Problem(str(table / "_delta_log" / f"{version:020d}.json"),
+        report.problems.append(Problem(objects.join(table, f"_delta_log/{version:020d}.json"),
                                        "missing: the log has a hole; restore the entry from a backup"))
     bad = {v: why for v, p in entries.items() if (why := entry_error(p)) is not None}
     usable = newest
     for version, why in sorted(bad.items()):
         path = entries[version]
         if ledger_log and version == newest:
-            report.problems.append(Problem(str(path), f"{why}. It is the ledger's newest entry: the batch it "
+            report.problems.append(Problem(path, f"{why}. It is the ledger's newest entry: the batch it "
                                            "committed is lost unless the entry is restored from a backup; "
                                            "`engagelake repair` moves it aside and keeps the batches before",
                                            repairable=True))
             report.aside.append(path)
             usable = newest - 1
         elif named is not None and version > named:
-            report.problems.append(Problem(str(path), f"{why}. It is past the version the ledger names "
+            report.problems.append(Problem(path, f"{why}. It is past the version the ledger names "
                                            f"({named}), so it holds nothing committed; `engagelake repair` moves "
                                            "it aside", repairable=True))
             report.aside.append(path)
         else:
-            report.problems.append(Problem(str(path), f"{why}. The committed data needs it: restore it from a "
+            report.problems.append(Problem(path, f"{why}. The committed data needs it: restore it from a "
                                            "backup"))
     if gaps or any(entries[v] not in report.aside for v in bad):
         return None
     if usable < first:
-        report.problems.append(Problem(str(table / "_delta_log"), "holds no complete entry"))
+        report.problems.append(Problem(objects.join(table, "_delta_log"), "holds no complete entry"))
         return None
     return usable
 
 
-def _check_table(report: Report, table: Path, name: str, named: int, *, compacting: bool) -> None:
+def _check_table(report: Report, table: str, name: str, named: int, *, compacting: bool) -> None:
     usable = _check_log(report, table, named)
     if usable is None:
         return
     entries = log_entries(table)
     newest = max(entries)
     if newest < named:
-        report.problems.append(Problem(str(table / "_delta_log" / f"{newest + 1:020d}.json"),
+        report.problems.append(Problem(objects.join(table, f"_delta_log/{newest + 1:020d}.json"),
                                        f"missing: the ledger names version {named} of {name} but its log ends at "
                                        f"version {newest}; restore the log entries from a backup"))
         return
@@ -271,47 +288,48 @@ def _check_table(report: Report, table: Path, name: str, named: int, *, compacti
     _check_files(report, table, name, named)
 
 
-def _restored_to(entry: Path) -> int | None:
+def _restored_to(entry: str) -> int | None:
     """The version a RESTORE log entry went back to (a table rolled back and not written since
     holds the ledger's version's content one entry later), else None."""
     try:
-        with entry.open("rb") as handle:
-            info = orjson.loads(handle.readline()).get("commitInfo") or {}
+        info = orjson.loads((objects.read_whole(entry) or b"").split(b"\n", 1)[0]).get("commitInfo") or {}
         return int(info["operationParameters"]["version"]) if info.get("operation") == "RESTORE" else None
     except (OSError, orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError):
         return None
 
 
-def _check_files(report: Report, table: Path, name: str, version: int) -> bool:
+def _check_files(report: Report, table: str, name: str, version: int) -> bool:
     """Every data file of one table version exists, its footer reads and holds the rows its
     add action says; False when one does not (or the version cannot be loaded)."""
     try:
-        actions = pa.table(DeltaTable(str(table), version=version).get_add_actions(flatten=True))
+        actions = pa.table(objects.delta_table(table, version).get_add_actions(flatten=True))
     except Exception as error:  # noqa: BLE001 - any failure to load is the finding
-        report.problems.append(Problem(str(table), f"version {version} cannot be loaded ({_first_line(error)}); "
+        report.problems.append(Problem(table, f"version {version} cannot be loaded ({_first_line(error)}); "
                                        "restore the table from a backup"))
         return False
     ok = True
     report.current[name] = set()
+    present = set(objects.files_under(table))  # one listing, not a request per file
     for relative, rows in zip(actions.column("path").to_pylist(), actions.column("num_records").to_pylist(),
                               strict=True):
         path = _data_path(table, relative)
-        report.current[name].add(path.name)
-        if not path.exists():
+        report.current[name].add(path.rsplit("/", 1)[-1])
+        if _relative(path, table) not in present:
             what = (f"missing: version {version} of {name} references it; restore it from a backup "
                     "(a table cannot be read without it)")
-            report.problems.append(Problem(str(path), what))
+            report.problems.append(Problem(path, what))
             ok = False
             continue
         try:
-            held = pq.read_metadata(path).num_rows
+            with objects.open_input(path) as source:
+                held = pq.read_metadata(source).num_rows
         except (OSError, pa.ArrowException) as error:
-            report.problems.append(Problem(str(path), f"is not a readable Parquet file ({_first_line(error)}); "
+            report.problems.append(Problem(path, f"is not a readable Parquet file ({_first_line(error)}); "
                                            "restore it from a backup"))
             ok = False
             continue
         if rows is not None and held != rows:
-            report.problems.append(Problem(str(path), f"holds {held} rows, the log says {rows}; restore it "
+            report.problems.append(Problem(path, f"holds {held} rows, the log says {rows}; restore it "
                                            "from a backup"))
             ok = False
     report.checked[name] = actions.num_rows
@@ -320,9 +338,9 @@ def _check_files(report: Report, table: Path, name: str, version: int) -> bool:
 
 def _lost_ledger_rows(report: Report, ledger: DeltaTable, head: int) -> None:
     """Ledger row files no log entry references, of batches after the head: a lost entry."""
-    for path, batch in lost_ledger_rows(Path(report.uri), ledger, head):
+    for path, batch in lost_ledger_rows(report.uri, ledger, head):
         report.problems.append(Problem(
-            str(path), f"holds the ledger row of batch {batch}, but no ledger log entry references it: the "
+            path, f"holds the ledger row of batch {batch}, but no ledger log entry references it: the "
             f"ledger's newest log entry was deleted or lost (or a writer died while committing it), so batch "
             f"{batch} is invisible and writers refuse to roll its rows back. Restore the ledger's log entry "
             f"from a backup; or `engagelake repair` discards batch {batch}", repairable=True))
@@ -330,11 +348,12 @@ def _lost_ledger_rows(report: Report, ledger: DeltaTable, head: int) -> None:
         report.discarded.append(batch)
 
 
-def lost_ledger_rows(root: Path, ledger: DeltaTable, head: int) -> list[tuple[Path, int]]:
+def lost_ledger_rows(root: str | Path, ledger: DeltaTable, head: int) -> list[tuple[str, int]]:
     """(file, batch) of the ledger row files in `root`'s ledger folder that `ledger` (loaded)
     does not reference and that hold a batch after `head`."""
-    folder = root / LEDGER
-    present = {p.name: p for p in folder.iterdir() if p.is_file() and p.suffix == ".parquet"}
+    folder = objects.join(_root(root), LEDGER)
+    present = {name: objects.join(folder, name) for name in objects.files_under(folder)
+               if "/" not in name and name.endswith(".parquet")}
     if len(present) <= len(known := {unquote(p).rsplit("/", 1)[-1] for p in
                                      pa.table(ledger.get_add_actions(flatten=True)).column("path").to_pylist()}):
         return []
@@ -343,7 +362,8 @@ def lost_ledger_rows(root: Path, ledger: DeltaTable, head: int) -> list[tuple[Pa
         if file_name in known:
             continue
         try:
-            batches = pq.read_table(path, columns=["batch_no"]).column("batch_no").to_pylist()
+            with objects.open_input(path) as source:
+                batches = pq.read_table(source, columns=["batch_no"]).column("batch_no").to_pylist()
         except (OSError, pa.ArrowException):
             continue  # an unreadable stray file holds no batch to lose
         if batches and max(b for b in batches if b is not None) > head:
@@ -351,10 +371,11 @@ def lost_ledger_rows(root: Path, ledger: DeltaTable, head: int) -> list[tuple[Pa
     return lost
 
 
-def _data_path(table: Path, relative: str) -> Path:
+def _data_path(table: str, relative: str) -> str:
+    """A data file's path or URI from its add action's `path` (relative to the table, or whole)."""
     if "://" in relative:
-        return Path(unquote(relative.split("://", 1)[1]))
-    return table / unquote(relative)
+        return unquote(relative) if objects.is_remote(relative) else unquote(relative.split("://", 1)[1])
+    return objects.join(table, unquote(relative))
 
 
 def _first_line(error: BaseException) -> str:
@@ -362,44 +383,56 @@ def _first_line(error: BaseException) -> str:
     return text[0] if text else type(error).__name__
 
 
+@contextmanager
+def _turn(root: str) -> Iterator[None]:
+    """The writer's turn at the store for a check or a repair: the lock file of a folder, the
+    lease on object storage. The lease goes back as clean only if it came so: what a dead
+    writer left that the check does not undo (a table the ledger does not name yet) stays
+    for the next writer to roll back."""
+    if not objects.is_remote(root):
+        with writer_lock(Path(root)):
+            yield
+        return
+    lease = Lease(root)
+    lease.acquire(None)  # a dead holder's lease ends on its own
+    try:
+        yield
+    finally:
+        lease.release(clean=lease.clean_before)
+
+
 def check(uri: str | Path) -> Report:
-    """`check_store` under the writer lock when the store can be locked (a live writer's commit
+    """`check_store` in the writer's turn when the store can be locked (a live writer's commit
     in flight would look like a lost ledger entry), without it in a read-only store."""
-    if "://" in str(uri):
-        raise StoreError(f"check and repair need a local store; {uri} is not one")
-    root = Path(uri)
-    if not (root / LEDGER).is_dir():
+    root = _root(uri)
+    if not objects.is_folder(objects.join(root, LEDGER)):
         return check_store(root)
     try:
-        with writer_lock(root):
+        with _turn(root):
             return check_store(root)
     except StoreError:  # read-only: no writer can be running
         return check_store(root)
 
 
 def repair(uri: str | Path) -> Report:
-    """Check the store under the writer lock and do what the report's plan says; returns the
+    """Check the store in the writer's turn and do what the report's plan says; returns the
     report the plan came from (check again to see the result). Raises StoreDamaged, and changes
     nothing, when a problem is not repairable."""
-    if "://" in str(uri):
-        raise StoreError(f"check and repair need a local store; {uri} is not one")
-    root = Path(uri)
-    with writer_lock(root):
+    root = _root(uri)
+    with _turn(root):
         report = check_store(root)
         if blocking := report.unrepairable():
             raise StoreDamaged(f"the store at {root} has problems `engagelake repair` cannot fix safely; nothing was "
                                "changed:\n" + "\n".join(f"  {p}" for p in blocking))
         if report.aside:
-            target = root / REPAIRED / datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
+            target = objects.join(root, f"{REPAIRED}/{datetime.now(UTC).strftime('%Y%m%dT%H%M%S%fZ')}")
             for path in report.aside:
-                destination = target / path.relative_to(root)
-                destination.parent.mkdir(parents=True, exist_ok=True)
-                shutil.move(path, destination)
+                objects.move(path, objects.join(target, _relative(path, root)))
         for name, (_, named) in report.rollback.items():
-            table = DeltaTable(str(root / name))
+            table = objects.delta_table(objects.join(root, name))
             if table.version() > named:
                 table.restore(named)
-    if (root / COMPACTING).exists():  # a dead compaction: opening a snapshot rolls it forward
+    if objects.exists(objects.join(root, COMPACTING)):  # a dead compaction: opening a snapshot rolls it forward
         DeltaStore(root, create=False).snapshot()
     return report
 

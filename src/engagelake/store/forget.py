@@ -1,8 +1,8 @@
-"""Every copy of some values left anywhere in a store folder: `engagelake forget-check`.
+"""Every copy of some values left anywhere in a store: `engagelake forget-check`.
 
 `/users/delete` followed by `compact` is a hard delete; `find_copies` is how to verify one. It
-walks every file under the store root, whatever wrote it, and searches each in the form it
-has on disk:
+walks every file under the store root (a local folder, or every object under the store's
+prefix on object storage), whatever wrote it, and searches each in the form it has on disk:
 
 - Parquet files (table data, files of older Delta versions still on disk, checkpoints, the
   published `current/` tables, anything else named `.parquet`) are decoded: every column as
@@ -34,6 +34,7 @@ Nothing is written.
 from __future__ import annotations
 
 import functools
+import io
 import json
 import mmap
 import os
@@ -50,10 +51,10 @@ import orjson
 import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
-from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError
 
 from engagelake.errors import ConfigError, NotAStore
+from engagelake.store import objects
 
 DATA = "table data"
 OLD_DATA = "old version data"
@@ -73,6 +74,7 @@ _ENTRY = re.compile(r"^\d{20}\.json$")
 _TEXT = {"column": pl.String, "detail": pl.String, "text": pl.String}
 # a file that cannot be decoded as what its name says is searched as raw bytes, and reported
 _UNREADABLE = (OSError, ValueError, KeyError, zipfile.BadZipFile, pl.exceptions.PolarsError, pa.ArrowException)
+RAW_CHUNK_BYTES = 64 << 20  # an object's raw bytes are searched a chunk at a time (a folder's are mapped)
 
 
 @dataclass(frozen=True)
@@ -119,16 +121,17 @@ class ForgetReport:
 
 
 def find_copies(root: str | Path, values: Sequence[str]) -> ForgetReport:
-    """Every occurrence of any of `values` in every file under the local folder `root`, and
-    each table's retained old versions (see the module's docstring). Writes nothing."""
-    root = Path(root)
-    if not root.is_dir():  # nothing found in no folder would prove nothing
-        raise NotAStore(f"no store folder at {root}: pass the folder of a local store")
+    """Every occurrence of any of `values` in every file under `root` (a local folder, or a
+    store's URI on object storage), and each table's retained old versions (see the module's
+    docstring). Writes nothing."""
+    root = str(root) if objects.is_remote(str(root)) else str(Path(root))
+    if not objects.is_folder(root):  # nothing found in no folder would prove nothing
+        raise NotAStore(f"no store folder at {root}: pass the folder of a store, or its s3:// URI")
     wanted = tuple(dict.fromkeys(v for v in values if v))
     if not wanted:
         raise ConfigError("nothing to look for: give at least one non-empty value")
-    report = ForgetReport(str(root), wanted)
-    files = sorted(_walk(root))
+    report = ForgetReport(root, wanted)
+    files = sorted(objects.files_under(root))
     tables = {name: _Table.load(root, name) for name in _table_folders(files)}
     for rel in files:
         report.files += 1
@@ -155,15 +158,6 @@ def find_copies(root: str | Path, values: Sequence[str]) -> ForgetReport:
 # --- the walk ------------------------------------------------------------------------------------
 
 
-def _walk(root: Path) -> Iterator[str]:
-    """Every file under `root` (links to folders are not followed), relative, with '/'."""
-    for folder, _, names in os.walk(root):
-        for name in names:
-            path = Path(folder) / name
-            if path.is_file():
-                yield path.relative_to(root).as_posix()
-
-
 def _table_folders(files: list[str]) -> set[str]:
     """The Delta tables: folders holding a `_delta_log` folder."""
     return {rel.split(f"/{LOG}/")[0] for rel in files if f"/{LOG}/" in rel}
@@ -180,9 +174,9 @@ class _Table:
     old_entries: set[str] = field(default_factory=set)
 
     @classmethod
-    def load(cls, root: Path, name: str) -> _Table:
+    def load(cls, root: str, name: str) -> _Table:
         try:
-            table = DeltaTable(str(root / name))
+            table = objects.delta_table(objects.join(root, name))
             paths = pa.table(table.get_add_actions(flatten=True)).column("path").to_pylist()
             return cls(name, table.version(), frozenset(unquote(p) for p in paths))
         except (DeltaError, OSError, ValueError, pa.ArrowException) as error:
@@ -237,7 +231,7 @@ def _classify(rel: str, table: _Table | None) -> tuple[str, str]:
     return OTHER, "parquet" if rel.endswith(".parquet") else "raw"
 
 
-def _search_file(root: Path, rel: str, place: str, kind: str, table: _Table | None,
+def _search_file(root: str, rel: str, place: str, kind: str, table: _Table | None,
                  values: tuple[str, ...]) -> list[Occurrence]:
     name = table.name if table is not None else None
     if kind == "entry":
@@ -314,16 +308,36 @@ def _text_marks(values: tuple[str, ...]) -> tuple[pl.Expr, ...]:
               for v, (value, held) in enumerate(zip(values, whole, strict=True))))
 
 
-def _raw(root: Path, rel: str, place: str, table: str | None, values: tuple[str, ...],
+def _raw(root: str, rel: str, place: str, table: str | None, values: tuple[str, ...],
          detail: str) -> Iterator[Occurrence]:
-    """A file's raw bytes, mapped (not read into memory), searched for each value's forms."""
-    with open(root / rel, "rb") as f:
-        if os.fstat(f.fileno()).st_size == 0:
-            return
-        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
-            hits = [v for v in values if any(mapped.find(form.encode()) >= 0 for form in _forms(v))]
+    """A file's raw bytes, searched for each value's forms: a local file mapped (not read into
+    memory), an object read a chunk at a time."""
+    forms = {v: [form.encode() for form in _forms(v)] for v in values}
+    path = objects.join(root, rel)
+    if objects.is_remote(path):
+        hits = _raw_object(path, forms)
+    else:
+        with open(path, "rb") as f:
+            if os.fstat(f.fileno()).st_size == 0:
+                return
+            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+                hits = [v for v, encoded in forms.items() if any(mapped.find(form) >= 0 for form in encoded)]
     for value in hits:
         yield Occurrence(rel, place, table, None, value, detail)
+
+
+def _raw_object(path: str, forms: dict[str, list[bytes]]) -> list[str]:
+    """The values any of whose forms an object's bytes hold, read `RAW_CHUNK_BYTES` at a time;
+    each chunk starts with the last bytes of the one before, so a form across two is found."""
+    overlap = max((len(form) for encoded in forms.values() for form in encoded), default=1) - 1
+    found: set[str] = set()
+    tail = b""
+    with objects.open_input(path) as source:
+        while len(found) < len(forms) and (chunk := source.read(RAW_CHUNK_BYTES)):
+            window = tail + chunk
+            found.update(v for v, encoded in forms.items() if v not in found and any(f in window for f in encoded))
+            tail = window[-overlap:] if overlap else b""
+    return [v for v in forms if v in found]
 
 
 # --- Parquet -------------------------------------------------------------------------------------
@@ -340,10 +354,10 @@ def _held(name: str, dtype: pl.DataType, value: str) -> pl.Expr | None:
     return _holds(text, value)
 
 
-def _search_parquet(root: Path, rel: str, place: str, table: str | None, values: tuple[str, ...], *,
+def _search_parquet(root: str, rel: str, place: str, table: str | None, values: tuple[str, ...], *,
                     checkpoint: _Table | None = None) -> Iterator[Occurrence]:
-    path = root / rel
-    rows = pl.scan_parquet(path, hive_partitioning=False)
+    path = objects.join(root, rel)
+    rows = pl.scan_parquet(path, hive_partitioning=False, storage_options=objects.storage_options(path))
     names = list(rows.collect_schema().items())
     counts = [held.sum().alias(f"{c}:{v}") for c, (name, dtype) in enumerate(names)
               for v, value in enumerate(values) if (held := _held(name, dtype, value)) is not None]
@@ -369,9 +383,10 @@ def _chain(*parts: Iterable[Occurrence]) -> Iterator[Occurrence]:
         yield from part
 
 
-def _footer_statistics(path: Path) -> pl.DataFrame:
+def _footer_statistics(path: str) -> pl.DataFrame:
     """The min and max of every row group's column chunks, as text: `column`, `detail`, `text`."""
-    metadata = pq.ParquetFile(path).metadata
+    with objects.open_input(path) as source:
+        metadata = pq.read_metadata(source)
     rows: list[tuple[str, str, str]] = []
     for g in range(metadata.num_row_groups):
         group = metadata.row_group(g)
@@ -386,12 +401,15 @@ def _footer_statistics(path: Path) -> pl.DataFrame:
     return pl.DataFrame(rows, schema=_TEXT, orient="row")
 
 
-def _search_checkpoint_stats(path: Path, rel: str, table: _Table, values: tuple[str, ...]) -> Iterator[Occurrence]:
+def _search_checkpoint_stats(path: str, rel: str, table: _Table, values: tuple[str, ...]) -> Iterator[Occurrence]:
     """A checkpoint's `add` actions: the files it adds (one no longer current makes it an old
     log entry), and the min/max per column of their `stats`."""
-    if "add" not in pl.read_parquet_schema(path):
-        return
-    adds = pl.read_parquet(path, columns=["add"]).select(
+    with objects.open_input(path) as source:
+        if "add" not in pq.read_schema(source).names:
+            return
+        added = pl.from_arrow(pq.read_table(source, columns=["add"]))
+    assert isinstance(added, pl.DataFrame)
+    adds = added.select(
         pl.col("add").struct.field("path"), pl.col("add").struct.field("stats")).drop_nulls("path")
     table.note_adds(rel, adds["path"].to_list())
     yield from _search_texts(_stat_texts(adds["stats"].to_list()), rel, CHECKPOINT, table.name, values)
@@ -400,11 +418,14 @@ def _search_checkpoint_stats(path: Path, rel: str, table: _Table, values: tuple[
 # --- Delta log entries ---------------------------------------------------------------------------
 
 
-def _search_entry(root: Path, rel: str, table: _Table, values: tuple[str, ...]) -> Iterator[Occurrence]:
+def _search_entry(root: str, rel: str, table: _Table, values: tuple[str, ...]) -> Iterator[Occurrence]:
     """A log entry's actions parsed: their text (paths, schema, commit info) and the per-column
     min/max of their files' statistics. An entry that does not parse is searched as raw bytes."""
+    text = objects.read_whole(objects.join(root, rel))
+    if text is None:
+        raise FileNotFoundError(f"{rel} is gone")
     try:
-        actions = [orjson.loads(line) for line in (root / rel).read_bytes().splitlines() if line.strip()]
+        actions = [orjson.loads(line) for line in text.splitlines() if line.strip()]
     except orjson.JSONDecodeError:
         yield from _raw(root, rel, DELTA_LOG, table.name, values, "raw bytes (the entry does not parse)")
         return
@@ -466,10 +487,13 @@ def _stat_texts(stats: Iterable[str | None]) -> pl.DataFrame:
 # --- footer caches -------------------------------------------------------------------------------
 
 
-def _search_footer_cache(root: Path, rel: str, table: str | None, values: tuple[str, ...]) -> Iterator[Occurrence]:
+def _search_footer_cache(root: str, rel: str, table: str | None, values: tuple[str, ...]) -> Iterator[Occurrence]:
     """Each array of a footer cache (`np.savez`, `footers.save_index`): its bytes (byte-string
     arrays: raw Parquet statistics, the fences), unicode arrays as UTF-8."""
-    with np.load(root / rel, allow_pickle=False) as arrays:
+    data = objects.read_whole(objects.join(root, rel))
+    if data is None:
+        raise FileNotFoundError(f"{rel} is gone")
+    with np.load(io.BytesIO(data), allow_pickle=False) as arrays:
         contents = {name: arrays[name] for name in arrays.files}
     for name, array in contents.items():
         data = "\n".join(map(str, array.ravel().tolist())).encode() if array.dtype.kind == "U" else array.tobytes()

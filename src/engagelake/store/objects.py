@@ -156,6 +156,45 @@ def read_whole(path: str) -> bytes | None:
         return None
 
 
+def files_under(root: str) -> dict[str, int]:
+    """Every file under the folder (or prefix) `root`, by its path relative to `root` ('/'
+    between parts), with its size; links to folders are not followed. One listing on object
+    storage (paged), however many files."""
+    if not is_remote(root):
+        base = root.removeprefix("file://")
+        found = {}
+        for folder, _, names in os.walk(base):
+            for name in names:
+                path = os.path.join(folder, name)
+                if os.path.isfile(path):
+                    found[os.path.relpath(path, base).replace(os.sep, "/")] = os.path.getsize(path)
+        return found
+    filesystem, key = _resolve(root)
+    infos = filesystem.get_file_info(pafs.FileSelector(key.rstrip("/"), recursive=True, allow_not_found=True))
+    start = len(key.rstrip("/")) + 1
+    return {info.path[start:]: info.size for info in infos if info.type == pafs.FileType.File}
+
+
+def is_folder(path: str) -> bool:
+    """Whether `path` is a folder (on object storage: a prefix some object is under)."""
+    if not is_remote(path):
+        return os.path.isdir(path.removeprefix("file://"))
+    filesystem, key = _resolve(path)
+    return bool(filesystem.get_file_info(key.rstrip("/")).type == pafs.FileType.Directory)
+
+
+def move(source: str, target: str) -> None:
+    """Move the file or object `source` to `target` (on object storage: a copy, then a delete),
+    making the target's folder when it has none."""
+    if not is_remote(source):
+        local = target.removeprefix("file://")
+        os.makedirs(os.path.dirname(local), exist_ok=True)
+        shutil.move(source.removeprefix("file://"), local)
+        return
+    filesystem, key = _resolve(source)
+    filesystem.move(key, _resolve(target)[1])
+
+
 def join(folder: str, name: str) -> str:
     """`name` inside `folder`, a local path or a URI (a `Path` would make `s3://` `s3:/`)."""
     return f"{folder.rstrip('/')}/{name}"
