@@ -23,7 +23,7 @@ from tests.helpers import NOW, open_ws
 
 from engagelake import Workspace
 from engagelake.api import create_app
-from engagelake.api.limits import DEFAULT_LIMITS, LIMITED, Limit
+from engagelake.api.limits import DEFAULT_LIMITS, LIMITED, PER_LINK, Limit
 from engagelake.permissions import ENDPOINT_PERMISSIONS, KEY_PERMISSIONS, SCIM, SIGNED_LINK
 from engagelake.resources.scim import ERROR_SCHEMA
 from engagelake.workspace import ROUTE_TABLE
@@ -171,7 +171,7 @@ def test_every_endpoint_answers_over_http_as_workspace_call(tmp_path: Path) -> N
 def test_the_permission_table_covers_every_route() -> None:
     assert {(m, p) for p, methods in ROUTE_TABLE.items() for m in methods} == set(ENDPOINT_PERMISSIONS)
     assert set(LIMITED) <= set(ENDPOINT_PERMISSIONS)
-    assert set(LIMITED.values()) == set(DEFAULT_LIMITS)
+    assert set(LIMITED.values()) | {PER_LINK} == set(DEFAULT_LIMITS)  # PER_LINK: the recipients' pages
 
 
 @pytest.fixture(scope="module")

@@ -11,10 +11,11 @@ from urllib.parse import parse_qs, urlencode, urlsplit
 import httpx
 import pytest
 from tests.helpers import NOW, Clock, open_ws, track_ok
-from tests.test_api_server import served
+from tests.test_api_server import UnixClock, served
 
 from engagelake import Workspace
 from engagelake.api import pages as http_pages
+from engagelake.api.limits import DEFAULT_LIMITS, Limit
 from engagelake.resources import preference_centers as P
 from engagelake.resources.preference_centers import PreferenceCenterError
 
@@ -270,6 +271,32 @@ def test_a_body_over_the_limit_gets_a_page(tmp_path) -> None:
     with served(ws, max_body_bytes=100) as client:
         big = client.post(link, content="email_global_state=" + "x" * 200, headers=FORM)
     assert big.status_code == 413 and error_title(big) == http_pages.ADVICE[413][0]
+
+
+def test_a_link_opened_too_often_gets_a_page_saying_to_wait_and_other_links_still_work(tmp_path) -> None:
+    """Recipients' pages count per link (`recipient_page`): one link used past its limit gets a
+    429 page, with the limit's headers, and nothing is saved; another recipient's link, and the
+    next window, are not held back; a forged link counts nothing."""
+    ws = open_ws(tmp_path)
+    seeded(ws)
+    mine, other = (path_of(ws.preference_centers.link("main", u, base_url=BASE_URL)) for u in ("u1", "u2"))
+    clock = UnixClock(NOW.timestamp() + 1)  # a second into a minute's window
+    reset = str(int(NOW.timestamp()) // 60 * 60 + 60)
+    forged = mine[:-4] + ("aaaa" if not mine.endswith("aaaa") else "bbbb")
+    with served(ws, rate_limits={**DEFAULT_LIMITS, "recipient_page": Limit(2, 60)}, clock=clock) as client:
+        assert client.get(forged).status_code == 403  # refused before it is counted
+        opened = client.get(mine)
+        assert opened.status_code == 200 and opened.headers["X-RateLimit-Remaining"] == "1"
+        assert opened.headers["X-RateLimit-Reset"] == reset
+        assert client.post(mine, content="email_global_state=unsubscribed", headers=FORM).status_code == 200
+        over = client.post(mine, content="email_global_state=subscribed", headers=FORM)
+        assert over.status_code == 429 and error_title(over) == http_pages.ADVICE[429][0]
+        assert_page_headers(over)
+        assert (over.headers["X-RateLimit-Limit"], over.headers["X-RateLimit-Remaining"]) == ("2", "0")
+        assert client.get(other).status_code == 200  # another recipient's link counts apart
+        clock.now += 60
+        assert client.get(mine).status_code == 200
+    assert email_subscribe(ws, "u1") == "unsubscribed"  # the refused form saved nothing
 
 
 def test_the_api_routes_stay_json(tmp_path) -> None:

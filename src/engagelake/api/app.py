@@ -24,7 +24,7 @@ from fastapi.responses import Response as HttpResponse
 from pydantic.json_schema import models_json_schema
 
 from engagelake.api import pages
-from engagelake.api.limits import DEFAULT_LIMITS, LIMITED, Limit, RateLimiter
+from engagelake.api.limits import DEFAULT_LIMITS, LIMITED, PER_LINK, Limit, RateLimiter
 from engagelake.api.writer import MAX_BATCH, MAX_QUEUED, GroupCommitWriter, WriterBusy
 from engagelake.permissions import ENDPOINT_PERMISSIONS, SCIM, SIGNED_LINK
 from engagelake.requests.bodies import REQUEST_BODIES
@@ -224,9 +224,12 @@ def create_app(workspace: Workspace, *, rate_limits: dict[str, Limit] | None = D
         if writer.full():  # before the rate limit: a request turned away spends none of it
             return _busy(writer.max_queued, {})
         headers: dict[str, str] = {}
-        limit = LIMITED.get((method, pattern))
+        limit, who = (PER_LINK, request.query_params.get("token") or "") if pages.is_page(path) \
+            else (LIMITED.get((method, pattern)), "")
         if limiter is not None and limit is not None:
-            allowed, headers = limiter.hit(limit)
+            allowed, headers = limiter.hit(limit, who)
+            if not allowed and pages.is_page(path):
+                return pages.error(429, headers=headers)
             if not allowed:
                 return _json(429, {"message": f"rate limit of {method} {pattern} exceeded "
                                               f"({headers['X-RateLimit-Limit']} requests per "
@@ -240,7 +243,7 @@ def create_app(workspace: Workspace, *, rate_limits: dict[str, Limit] | None = D
             return _busy(writer.max_queued, headers)
         response = await asyncio.wrap_future(submitted)
         if pages.is_page(path):
-            return pages.answer(response)
+            return pages.answer(response, headers)
         return _answer(response, headers)
 
     @app.get("/healthz", include_in_schema=False)

@@ -30,7 +30,12 @@ DEFAULT_LIMITS: dict[str, Limit] = {
     "preference_center": Limit(10, 60),  # POST and PUT
     "catalog_items": Limit(16_000, 60),  # PUT and DELETE, shared
     "translations": Limit(250_000, 86_400),
+    # not in the specification: a recipient's page and its form, counted per link (its token),
+    # so that one leaked link cannot keep the writer busy; a person opens and saves a few times
+    "recipient_page": Limit(60, 60),
 }
+PER_LINK = "recipient_page"
+WINDOWS_KEPT = 10_000  # windows of per-link limits kept before those that ended are dropped
 
 # (method, route pattern) -> the limit it counts against; other endpoints are not limited
 LIMITED: dict[tuple[str, str], str] = {
@@ -73,21 +78,26 @@ class RateLimiter:
     def __init__(self, limits: dict[str, Limit], clock: Callable[[], float] = time.time):
         self.limits = limits
         self.clock = clock
-        self._windows: dict[str, tuple[int, int]] = {}  # name -> (window start, requests counted)
+        # (name, who: "" for a workspace's limit, a link's token for PER_LINK) -> (window start, requests counted)
+        self._windows: dict[tuple[str, str], tuple[int, int]] = {}
         self._lock = threading.Lock()
 
-    def hit(self, name: str) -> tuple[bool, dict[str, str]]:
-        """Count one request against `name`: (allowed, the X-RateLimit-* headers)."""
+    def hit(self, name: str, who: str = "") -> tuple[bool, dict[str, str]]:
+        """Count one request against `name` (for `who`, when the limit is not the workspace's):
+        (allowed, the X-RateLimit-* headers)."""
         limit = self.limits[name]
         now = self.clock()
         start = math.floor(now / limit.seconds) * limit.seconds
         with self._lock:
-            window, used = self._windows.get(name, (start, 0))
+            if len(self._windows) > WINDOWS_KEPT:  # windows that ended count nothing any more
+                self._windows = {k: w for k, w in self._windows.items()
+                                 if w[0] + self.limits[k[0]].seconds > now}
+            window, used = self._windows.get((name, who), (start, 0))
             if window != start:
                 used = 0
             allowed = used < limit.requests
             used += allowed
-            self._windows[name] = (start, used)
+            self._windows[(name, who)] = (start, used)
         headers = {"X-RateLimit-Limit": str(limit.requests),
                    "X-RateLimit-Remaining": str(limit.requests - used),
                    "X-RateLimit-Reset": str(start + limit.seconds)}

@@ -63,15 +63,16 @@ def form_body(body: bytes, content_type: str) -> bytes:
     return orjson.dumps(fields)
 
 
-def answer(response: Response) -> HTMLResponse:
-    """The route's answer as a page: the rendered page, or an error page with its status."""
+def answer(response: Response, headers: dict[str, str] | None = None) -> HTMLResponse:
+    """The route's answer as a page: the rendered page, or an error page with its status;
+    `headers` (the rate limit's) added to HEADERS."""
     if response.status == 200 and isinstance(response.body, str):
-        return HTMLResponse(response.body, status_code=200, headers=HEADERS)
+        return HTMLResponse(response.body, status_code=200, headers={**HEADERS, **(headers or {})})
     message = response.body.get("message") if isinstance(response.body, dict) else None
-    return error(response.status, message)
+    return error(response.status, message, headers=headers)
 
 
-def error(status: int, detail: str | None = None) -> HTMLResponse:
+def error(status: int, detail: str | None = None, *, headers: dict[str, str] | None = None) -> HTMLResponse:
     """A small page that says what happened and what to do."""
     title, advice = ADVICE.get(status, FALLBACK)
     detail_html = f'<p class="detail">{escape(detail)}</p>' if detail else ""
@@ -86,4 +87,4 @@ h1 {{ font-size: 1.4rem; }} .detail {{ color: #52606d; font-size: .875rem; }}
 </style></head>
 <body><main><h1>{escape(title)}</h1><p>{escape(advice)}</p>{detail_html}</main></body></html>
 """
-    return HTMLResponse(html, status_code=status, headers=HEADERS)
+    return HTMLResponse(html, status_code=status, headers={**HEADERS, **(headers or {})})
