@@ -542,7 +542,13 @@ def test_a_call_on_s3_costs_the_same_requests_after_40_batches_as_after_4(s3: S3
         body = {"attributes": [{"external_id": f"u{k}", "n": k, "email": f"u{k}@example.com"}]}
         assert ws.call("POST", "/users/track", body).status == 201
 
-    counts = [_requests_of(s3, lambda k=k: track(k)) for k in range(40)]
+    counts = [_requests_of(s3, lambda k=k: track(k)) for k in range(39)]
+    # no commit lists a table's whole log (delta-rs' expired log cleanup did, after every
+    # commit: a page of 1,000 keys a request, so its cost grew with the table's history)
+    last, _ = s3.during(lambda: track(39))
+    counts.append(len(last))
+    whole_logs = [path for _, path in last if "list-type=" in path and "_delta_log" in path and "start-after" not in path]
+    assert whole_logs == [], whole_logs
     assert ws.store.merge_errors == []
     assert {name for name, _, _ in ws.store.merges} >= {"profiles", "attributes", "external_ids"}
     # (before: 117 requests for the 4th call, 1,471 for the 40th)

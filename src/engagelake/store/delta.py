@@ -1412,7 +1412,7 @@ class DeltaStore:
             return
         table.create_write_transaction(
             [AddAction(add["path"], add["size"], {}, add["modificationTime"], True, add["stats"]) for add in adds],
-            mode="overwrite", schema=_arrow_schema(name),
+            mode="overwrite", schema=_arrow_schema(name), post_commithook_properties=objects.COMMIT_HOOKS,
             commit_properties=CommitProperties(max_commit_retries=0))  # no other writer may come between
 
     def _compact_ledger(self, gone: pl.Series, identifiers: pl.DataFrame) -> None:
@@ -1512,6 +1512,8 @@ class DeltaStore:
         if self.local:  # merged runs a killed merge never published (object storage merges in memory)
             shutil.rmtree(Path(self.uri) / MERGING, ignore_errors=True)
         self._vacuum(LEDGER)  # its old files held the responses it dropped
+        if self._lease is not None:  # no commit cleans up a log (`objects.COMMIT_HOOKS`): the lease's here
+            self._lease.tidy()
         for name in tables:
             if not objects.is_delta_table(self._path(name)):
                 continue

@@ -135,6 +135,16 @@ class Lease:
                 self._lost = "its lease was taken by another writer after it ended"
                 return
 
+    def tidy(self) -> None:
+        """A checkpoint of the lease's table, then its expired log entries deleted (those
+        before the checkpoint and older than the table's log retention): commits do not
+        clean up (`objects.COMMIT_HOOKS`), so a compaction does, and the lease's log, which
+        every writer's turn adds two entries to, stays bounded."""
+        table = self._load()
+        with self._lock:
+            table.create_checkpoint()
+            table.cleanup_metadata()
+
     def _load(self) -> DeltaTable:
         """The lease table at its newest version (created with the first lease)."""
         with self._lock:
