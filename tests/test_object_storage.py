@@ -27,6 +27,7 @@ from tests.crash_worker import (
     snapshot,
 )
 from tests.helpers import export_one, unpinned
+from tests.test_api_server import bearer, send, served
 from tests.test_model_property import (
     IDENTITY_SEQUENCES,
     SEED,
@@ -636,3 +637,23 @@ def test_forget_check_on_s3_finds_a_deleted_user_until_compaction(s3: Callable[[
     assert not after.found and after.retained == [], after.occurrences[:3]
     kept = ws.forget_check(external_id="u1")  # another user's values are still found
     assert kept.found and kept.profiles == 1
+
+
+@pytest.mark.slow  # a store and a server against moto: seconds
+def test_the_rest_server_over_a_store_on_s3_answers_as_a_call(s3: Callable[[], str], tmp_path: Path) -> None:
+    """`engagelake serve` over an `s3://` store: keys kept in the store, group-committed
+    tracks, exports and a merge answer over HTTP as `Workspace.call` does on a folder."""
+    ws, local = open_s3(s3()), Workspace.open(tmp_path / "store", clock=clock, seed=SEED)
+    key = ws.credentials.create_key("ingest", ["all"])
+    calls = [("POST", "/users/track", {"attributes": [{"external_id": f"u{i}", "visits": {"inc": i}} for i in range(3)],
+                                       "events": [{"external_id": "u1", "name": "open", "time": "2026-01-01T00:00:00Z"}]}),
+             ("POST", "/users/merge", {"merge_updates": [{"identifier_to_merge": {"external_id": "u2"},
+                                                          "identifier_to_keep": {"external_id": "u1"}}]}),
+             ("POST", "/users/export/ids", EXPORT)]
+    with served(ws) as client:
+        assert send(client, "POST", "/users/track", {"attributes": []}).status_code == 401  # no key
+        for method, path, body in calls:
+            answered = send(client, method, path, body, bearer(key))
+            expected = local.call(method, path, copy.deepcopy(body))
+            assert (answered.status_code, answered.json()) == (expected.status, expected.body), path
+    assert_same(open_s3(ws.store.uri).export_users(), local.export_users(), "every user")
