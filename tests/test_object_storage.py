@@ -42,7 +42,14 @@ from tests.test_model_property import (
 )
 
 from engagelake import Workspace
-from engagelake.errors import ConfigError, IdempotencyKeyReused, StoreDamaged, StoreError
+from engagelake.errors import (
+    ConfigError,
+    IdempotencyKeyReused,
+    StoreDamaged,
+    StoreError,
+    StoreReadOnly,
+    TurnEndedError,
+)
 from engagelake.store import delta, lease, objects
 from engagelake.store.delta import DeltaStore
 from engagelake.store.lease import Lease
@@ -563,6 +570,12 @@ def test_a_call_on_s3_costs_the_same_requests_after_40_batches_as_after_4(s3: S3
     assert export_one(opened[0], "u39", ["email"]) == {"email": "u39@example.com"}
 
 
+def _raising(error: BaseException) -> Callable[..., Any]:
+    def raises(*args: Any, **kwargs: Any) -> Any:
+        raise error
+    return raises
+
+
 @pytest.mark.slow  # a store, a failed commit and three repairs against moto: seconds each
 def test_check_and_repair_work_on_s3_as_on_a_folder(s3: Callable[[], str], monkeypatch: pytest.MonkeyPatch) -> None:
     """`check` lists a store on S3 and reads every log entry and footer; what a dead commit
@@ -589,6 +602,17 @@ def test_check_and_repair_work_on_s3_as_on_a_folder(s3: Callable[[], str], monke
     ahead = Workspace.check(uri)
     assert ahead.healthy and set(ahead.rollback) >= {"attributes"}, ahead.rollback
     assert any("ahead of the ledger" in note for note in ahead.notes)
+    with monkeypatch.context() as patch:  # the lease ended while the check read the store
+        patch.setattr(Lease, "check", _raising(TurnEndedError("its lease could not be renewed")))
+        with pytest.raises(TurnEndedError):
+            Workspace.repair(uri)
+    assert Workspace.check(uri).rollback == ahead.rollback  # nothing rolled back without the turn
+    with monkeypatch.context() as patch:  # credentials that may read, not write: no lease to take
+        patch.setattr(Lease, "acquire", _raising(OSError("AccessDenied")))
+        unlocked = Workspace.check(uri)
+        assert unlocked.rollback == ahead.rollback and any("without the writers' lease" in n for n in unlocked.notes)
+        with pytest.raises(StoreReadOnly, match="AccessDenied"):
+            Workspace.repair(uri)
     Workspace.repair(uri)
     after = Workspace.check(uri)
     assert after.healthy and not after.repairable

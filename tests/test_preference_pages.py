@@ -278,7 +278,7 @@ def test_a_link_opened_too_often_gets_a_page_saying_to_wait_and_other_links_stil
     429 page, with the limit's headers, and nothing is saved; another recipient's link, and the
     next window, are not held back; a forged link counts nothing."""
     ws = open_ws(tmp_path)
-    seeded(ws)
+    center = seeded(ws)
     mine, other = (path_of(ws.preference_centers.link("main", u, base_url=BASE_URL)) for u in ("u1", "u2"))
     clock = UnixClock(NOW.timestamp() + 1)  # a second into a minute's window
     reset = str(int(NOW.timestamp()) // 60 * 60 + 60)
@@ -293,7 +293,15 @@ def test_a_link_opened_too_often_gets_a_page_saying_to_wait_and_other_links_stil
         assert over.status_code == 429 and error_title(over) == http_pages.ADVICE[429][0]
         assert_page_headers(over)
         assert (over.headers["X-RateLimit-Limit"], over.headers["X-RateLimit-Remaining"]) == ("2", "0")
+        padded = mine + "%3D%3D"  # the same link written otherwise (base64 padding): the same count
+        assert client.get(padded).status_code == 429
         assert client.get(other).status_code == 200  # another recipient's link counts apart
+        # the JSON submit route of a rendered page counts per link too
+        sid = ws.table("external_ids").collect().filter(external_id="u2")["service_id"].item()
+        token = P.sign_token(ws.store.head.seed, center, sid, NOW + timedelta(days=1))
+        submit = f"{P.BASE}/{center}/submit"
+        answers = [client.post(submit, params={"token": token}, json={}).status_code for _ in range(3)]
+        assert answers == [200, 200, 429], answers
         clock.now += 60
         assert client.get(mine).status_code == 200
     assert email_subscribe(ws, "u1") == "unsubscribed"  # the refused form saved nothing

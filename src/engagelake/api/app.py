@@ -30,7 +30,7 @@ from engagelake.permissions import ENDPOINT_PERMISSIONS, SCIM, SIGNED_LINK
 from engagelake.requests.bodies import REQUEST_BODIES
 from engagelake.requests.models import ExportResponse, TrackResponse
 from engagelake.resources.credentials import KeyRing
-from engagelake.resources.preference_centers import RECIPIENT_BASE, refuse_link
+from engagelake.resources.preference_centers import RECIPIENT_BASE, link_key, refuse_link
 from engagelake.resources.scim import ERROR_SCHEMA
 from engagelake.routing import Response
 from engagelake.workspace import ROUTE_TABLE, Workspace, route_of
@@ -224,8 +224,11 @@ def create_app(workspace: Workspace, *, rate_limits: dict[str, Limit] | None = D
         if writer.full():  # before the rate limit: a request turned away spends none of it
             return _busy(writer.max_queued, {})
         headers: dict[str, str] = {}
-        limit, who = (PER_LINK, request.query_params.get("token") or "") if pages.is_page(path) \
-            else (LIMITED.get((method, pattern)), "")
+        limit, who = LIMITED.get((method, pattern)), ""
+        if permission == SIGNED_LINK:  # counted per link, once it verifies (a bad one the route refuses)
+            center_id = path.rstrip("/").split("/")[-2 if path.rstrip("/").endswith("/submit") else -1]
+            key = link_key(workspace.store.head.seed, center_id, request.query_params.get("token"), workspace.clock())
+            limit, who = (PER_LINK, key) if key is not None else (None, "")
         if limiter is not None and limit is not None:
             allowed, headers = limiter.hit(limit, who)
             if not allowed and pages.is_page(path):

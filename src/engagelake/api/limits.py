@@ -80,6 +80,7 @@ class RateLimiter:
         self.clock = clock
         # (name, who: "" for a workspace's limit, a link's token for PER_LINK) -> (window start, requests counted)
         self._windows: dict[tuple[str, str], tuple[int, int]] = {}
+        self._prune_at = WINDOWS_KEPT  # drop the windows that ended once this many are kept
         self._lock = threading.Lock()
 
     def hit(self, name: str, who: str = "") -> tuple[bool, dict[str, str]]:
@@ -89,9 +90,12 @@ class RateLimiter:
         now = self.clock()
         start = math.floor(now / limit.seconds) * limit.seconds
         with self._lock:
-            if len(self._windows) > WINDOWS_KEPT:  # windows that ended count nothing any more
+            if len(self._windows) > self._prune_at:  # windows that ended count nothing any more
                 self._windows = {k: w for k, w in self._windows.items()
                                  if w[0] + self.limits[k[0]].seconds > now}
+                # many links live at once: the next pass waits until the windows have doubled,
+                # so that each request's share of the passes stays constant
+                self._prune_at = max(WINDOWS_KEPT, 2 * len(self._windows))
             window, used = self._windows.get((name, who), (start, 0))
             if window != start:
                 used = 0

@@ -190,6 +190,17 @@ def refuse_link(seed: str, center_id: str, token: Any, now: datetime) -> tuple[i
     return None
 
 
+def link_key(seed: str, center_id: str, token: Any, now: datetime) -> str | None:
+    """What a valid link names (center, user, expiry), the same however its token is written
+    (base64 padding, say): the key the server counts a link's requests by; None for a link
+    `refuse_link` refuses."""
+    try:
+        service_id, expires = read_token(seed, token, center_id, now)
+    except _Refused:
+        return None
+    return f"{center_id}|{service_id}|{int(expires.timestamp())}"
+
+
 def recipient_path(center_id: str, token: str) -> str:
     """The path of a recipient's page: a GET shows it, a form POST to it submits."""
     return f"{RECIPIENT_BASE}/{center_id}?" + urlencode({"token": token})

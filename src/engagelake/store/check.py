@@ -39,7 +39,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from deltalake import DeltaTable
 
-from engagelake.errors import StoreDamaged, StoreError
+from engagelake.errors import StoreDamaged, StoreError, StoreReadOnly
 from engagelake.store import objects
 from engagelake.store.delta import COMPACTING, LEDGER, DeltaStore, writer_lock
 from engagelake.store.footers import INDEX_FOLDER, data_file_of
@@ -140,7 +140,9 @@ def entry_error(path: str) -> str | None:
 
 
 def _root(uri: str | Path) -> str:
-    return str(uri) if objects.is_remote(str(uri)) else str(Path(uri))
+    """A store's location as the file layer takes it: a URI, or a folder's path."""
+    text = str(uri)
+    return text if objects.is_remote(text) else str(Path(text.removeprefix("file://")))
 
 
 def check_store(uri: str | Path) -> Report:
@@ -384,19 +386,26 @@ def _first_line(error: BaseException) -> str:
 
 
 @contextmanager
-def _turn(root: str) -> Iterator[None]:
+def _turn(root: str) -> Iterator[Lease | None]:
     """The writer's turn at the store for a check or a repair: the lock file of a folder, the
-    lease on object storage. The lease goes back as clean only if it came so: what a dead
-    writer left that the check does not undo (a table the ledger does not name yet) stays
-    for the next writer to roll back."""
+    lease on object storage (yielded: a repair checks it is still its own before each change).
+    The lease goes back as clean only if it came so: what a dead writer left that the check
+    does not undo (a table the ledger does not name yet) stays for the next writer to roll
+    back. A lease these credentials may not take raises StoreReadOnly."""
     if not objects.is_remote(root):
         with writer_lock(Path(root)):
-            yield
+            yield None
         return
     lease = Lease(root)
-    lease.acquire(None)  # a dead holder's lease ends on its own
     try:
-        yield
+        lease.acquire(None)  # a dead holder's lease ends on its own
+    except StoreError:
+        raise
+    except Exception as error:  # noqa: BLE001 - the lease table could not be written: read-only credentials
+        raise StoreReadOnly(f"the store at {root} cannot be written ({_first_line(error)}): its writers' lease "
+                            "cannot be taken") from error
+    try:
+        yield lease
     finally:
         lease.release(clean=lease.clean_before)
 
@@ -410,16 +419,21 @@ def check(uri: str | Path) -> Report:
     try:
         with _turn(root):
             return check_store(root)
-    except StoreError:  # read-only: no writer can be running
-        return check_store(root)
+    except StoreReadOnly as error:  # no writer can be running, or none this process may wait for
+        report = check_store(root)
+        if objects.is_remote(root):
+            report.notes.append(f"checked without the writers' lease ({error}): a commit in flight would look "
+                                "like damage; check again if a problem names the newest ledger entry")
+        return report
 
 
 def repair(uri: str | Path) -> Report:
     """Check the store in the writer's turn and do what the report's plan says; returns the
     report the plan came from (check again to see the result). Raises StoreDamaged, and changes
-    nothing, when a problem is not repairable."""
+    nothing, when a problem is not repairable; TurnEndedError, when the lease on object storage
+    ended while it ran (another writer may have committed since the check)."""
     root = _root(uri)
-    with _turn(root):
+    with _turn(root) as lease:
         report = check_store(root)
         if blocking := report.unrepairable():
             raise StoreDamaged(f"the store at {root} has problems `engagelake repair` cannot fix safely; nothing was "
@@ -427,14 +441,23 @@ def repair(uri: str | Path) -> Report:
         if report.aside:
             target = objects.join(root, f"{REPAIRED}/{datetime.now(UTC).strftime('%Y%m%dT%H%M%S%fZ')}")
             for path in report.aside:
+                _still_ours(lease)
                 objects.move(path, objects.join(target, _relative(path, root)))
         for name, (_, named) in report.rollback.items():
             table = objects.delta_table(objects.join(root, name))
             if table.version() > named:
+                _still_ours(lease)
                 table.restore(named)
     if objects.exists(objects.join(root, COMPACTING)):  # a dead compaction: opening a snapshot rolls it forward
         DeltaStore(root, create=False).snapshot()
     return report
+
+
+def _still_ours(lease: Lease | None) -> None:
+    """Raise TurnEndedError when the lease ended while the check read the store (a renewal
+    failed): another writer may have committed since, and a roll-back would drop its batch."""
+    if lease is not None:
+        lease.check()
 
 
 def describe(report: Report, limit: int = 3) -> str:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import logging
 import os
 import random
 import shutil
@@ -1512,8 +1513,6 @@ class DeltaStore:
         if self.local:  # merged runs a killed merge never published (object storage merges in memory)
             shutil.rmtree(Path(self.uri) / MERGING, ignore_errors=True)
         self._vacuum(LEDGER)  # its old files held the responses it dropped
-        if self._lease is not None:  # no commit cleans up a log (`objects.COMMIT_HOOKS`): the lease's here
-            self._lease.tidy()
         for name in tables:
             if not objects.is_delta_table(self._path(name)):
                 continue
@@ -1523,6 +1522,11 @@ class DeltaStore:
             with self._cache_lock:  # the reads and footer indexes that follow need not load it again
                 self._note_files(name, versions[name], table)
         self._publish_current(batch_no, versions)
+        if self._lease is not None:  # no commit cleans up a log (`objects.COMMIT_HOOKS`): the lease's here
+            try:
+                self._lease.tidy()
+            except Exception as error:  # noqa: BLE001 - housekeeping: the compaction is done, the next one tidies
+                logging.getLogger("engagelake").warning("the writers' lease log was not tidied: %s", error)
         return kept
 
     def _vacuum(self, name: str) -> DeltaTable:

@@ -124,7 +124,7 @@ def find_copies(root: str | Path, values: Sequence[str]) -> ForgetReport:
     """Every occurrence of any of `values` in every file under `root` (a local folder, or a
     store's URI on object storage), and each table's retained old versions (see the module's
     docstring). Writes nothing."""
-    root = str(root) if objects.is_remote(str(root)) else str(Path(root))
+    root = str(root) if objects.is_remote(str(root)) else str(Path(str(root).removeprefix("file://")))
     if not objects.is_folder(root):  # nothing found in no folder would prove nothing
         raise NotAStore(f"no store folder at {root}: pass the folder of a store, or its s3:// URI")
     wanted = tuple(dict.fromkeys(v for v in values if v))
