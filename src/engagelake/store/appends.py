@@ -1,4 +1,4 @@
-"""Appends to a local Delta table: one Parquet file written by pyarrow, one log entry written here.
+"""Appends to a Delta table: one Parquet file written by pyarrow, one log entry written here.
 
 A batch appends to several tables and the ledger. delta-rs' `write_deltalake` took 6-10 ms an
 append however small (it plans a DataFusion write, loads the table's state, runs its commit
@@ -15,7 +15,11 @@ carry none, which only means a reader skips no file by them. A checkpoint is wri
 `delta.checkpointInterval` versions (100 unless the table says otherwise), with the expired
 log cleanup delta-rs does then.
 
-Schema changes and object storage keep using delta-rs (`store/delta.py` decides).
+On object storage the entry is one conditional put (`objects.put_new`: refused where the entry
+exists, as delta-rs' own commit is), and a checkpoint is written every 10 versions; an
+append there made 8 requests through delta-rs (the log listed before, to check and after the
+commit, the new entry read back twice) and makes 2 here. Schema changes keep using delta-rs
+(`store/delta.py` decides).
 """
 
 from __future__ import annotations
@@ -42,6 +46,9 @@ from engagelake.store import objects
 # (`runs.TRUSTED_FILE_STAT_BYTES`)
 STAT_BYTES = 64
 CHECKPOINT_INTERVAL = 100  # delta-rs' default for `delta.checkpointInterval`
+# on object storage: `objects.LOG_PROPERTIES` (a fresh reader gets each entry since a checkpoint
+# with a request of its own)
+REMOTE_CHECKPOINT_INTERVAL = int(objects.LOG_PROPERTIES["delta.checkpointInterval"])
 # rows gathered from a stream before they are written as row groups (a stream's batches may be
 # small; the file's row groups must be whole)
 STREAM_CHUNK_GROUPS = 64
@@ -237,6 +244,13 @@ def commit(folder: str, version: int, adds: list[dict[str, Any]], rows: int,
     removes = ({"remove": {"path": path, "deletionTimestamp": now, "dataChange": True, "extendedFileMetadata": True,
                            "partitionValues": {}, "size": size}} for path, size in removed)
     text = b"\n".join(orjson.dumps(action) for action in (info, *removes, *({"add": add} for add in adds))) + b"\n"
+    if objects.is_remote(folder):  # one conditional put: refused where the entry exists
+        if not objects.put_new(objects.join(folder, f"_delta_log/{version:020d}.json"), text):
+            raise StoreError(f"version {version} of the table at {folder} exists already: another writer "
+                             "committed it")
+        if version % REMOTE_CHECKPOINT_INTERVAL == 0:
+            objects.delta_table(folder).create_checkpoint()
+        return version
     temporary = os.path.join(log, f"_commit_{uuid.uuid4()}.json.tmp")
     with open(temporary, "wb") as f:
         f.write(text)

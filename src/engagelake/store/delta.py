@@ -631,6 +631,8 @@ class DeltaStore:
                 with self._cache_lock:  # the next batch's reads take files and statistics without loading the log
                     self._note_append(name, mine, None if added is None else added[0])
                 return mine
+        elif table is None and name != LEDGER and (appended := self._append_remote(name, data, schema, options)) is not None:
+            return appended
         # the write moves it to its new version; the ledger comes positioned (`_fenced_ledger`)
         table = table or self._at_named(name, self.head.versions.get(name))
         objects.write_delta(table, data, mode="append", writer_properties=properties,
@@ -643,6 +645,36 @@ class DeltaStore:
                 if name in SORT_BY:  # the tables probed by file statistics and merged by runs
                     self._note_actions(name, table.version(), table)
         return table.version()
+
+    def _append_remote(self, name: str, data: pa.Table | pa.RecordBatchReader, schema: pa.Schema,
+                       options: appends.FileOptions) -> int | None:
+        """On object storage, as on a folder: the file, then the log entry of our own, put only
+        where none is (S3's conditional put): 2 requests where delta-rs' write made 8 (its log
+        listed before, to check and after the commit, the new entry read back twice). The
+        version is the one this process wrote last, or the table as the ledger names it (stray
+        versions rolled back, `_at_named`); when another version came since (another writer's,
+        a merge's, a roll-back), the entry is refused, the file removed, and None says to write
+        through delta-rs. None also for a table gaining columns."""
+        kept = self._heads.get(name)
+        if kept is None:
+            table = self._at_named(name, self.head.versions.get(name))
+            kept = (table.version(), frozenset(field.name for field in table.schema().fields))
+        version, columns = kept
+        if not set(schema.names) <= columns:
+            return None
+        added = appends.write_file(self._path(name), data, schema, options)
+        try:
+            mine = appends.commit(self._path(name), version + 1, [added[0]] if added else [],
+                                  added[1] if added else 0)
+        except StoreError:
+            self._heads.pop(name, None)
+            if added is not None:
+                objects.remove(objects.join(self._path(name), added[0]["path"]))
+            return None
+        self._heads[name] = (mine, columns)
+        with self._cache_lock:
+            self._note_append(name, mine, None if added is None else added[0])
+        return mine
 
     def _newest(self, name: str) -> tuple[int, frozenset[str]]:
         """A table's newest version and its columns, for an append under the writer lock: kept
@@ -661,7 +693,8 @@ class DeltaStore:
         cache lock is held), from those of the version before, when they are known."""
         files = self._files.get((name, version - 1))
         if files is not None:
-            new = [] if add is None else [os.path.abspath(os.path.join(self._path(name), add["path"]))]
+            new = [] if add is None else [os.path.abspath(os.path.join(self._path(name), add["path"])) if self.local
+                                          else objects.join(self._path(name), add["path"])]
             self._keep_files(name, version, [*files, *new])
         actions = self._actions.get((name, version - 1))
         if name in SORT_BY and actions is not None:

@@ -157,6 +157,37 @@ def write_whole(path: str, data: bytes) -> None:
         out.write(data)
 
 
+def put_new(path: str, data: bytes) -> bool:
+    """Write the object `path` with `data` only if there is none there (S3's conditional put,
+    through `obstore`, the object store library delta-rs commits with); False if there was
+    one. One request. Object storage only: a folder's writers link a temporary file instead
+    (`appends.commit`)."""
+    import obstore
+    from obstore.exceptions import AlreadyExistsError
+
+    scheme, rest = path.split("://", 1)
+    bucket, _, key = rest.partition("/")
+    try:
+        obstore.put(_object_store(scheme, bucket, tuple(sorted((_configured.get(f"{scheme}://{bucket}") or {}).items())),
+                                  _environment()), key, data, mode="create")
+    except AlreadyExistsError:
+        return False
+    return True
+
+
+@functools.cache
+def _object_store(scheme: str, bucket: str, options: tuple[tuple[str, str], ...],
+                  environment: tuple[str | None, ...]) -> Any:
+    """One `obstore` store per bucket, options and environment (it reads the same variables
+    and takes the same options as delta-rs)."""
+    from obstore.store import from_url
+
+    config: Any = {key: value for key, value in options if key != "aws_allow_http"}
+    allow_http = dict(options).get("aws_allow_http", "").lower() in ("1", "true", "yes")
+    return from_url(f"{scheme}://{bucket}", config=config or None,
+                    client_options={"allow_http": True} if allow_http else None)
+
+
 def read_whole(path: str) -> bytes | None:
     """The content of the file or object at `path` (None: there is none)."""
     try:
@@ -254,8 +285,11 @@ def _filesystem(scheme: str, bucket: str, options: tuple[tuple[str, str], ...],
     """One file system per bucket, options and environment (resolving one asks the bucket's
     region)."""
     with _lock:
+        # `allow_delayed_open`: a small object is written with one PUT when it is closed, not
+        # three (a multipart upload begun at open, a part, its completion)
         if not options:
-            filesystem, _ = pafs.FileSystem.from_uri(f"{scheme}://{bucket}/")
+            delayed = "?allow_delayed_open=true" if scheme == "s3" else ""
+            filesystem, _ = pafs.FileSystem.from_uri(f"{scheme}://{bucket}/{delayed}")
             return filesystem
         given = dict(options)
         arguments: dict[str, str] = {}
@@ -268,7 +302,7 @@ def _filesystem(scheme: str, bucket: str, options: tuple[tuple[str, str], ...],
             endpoint = arguments["endpoint_override"]
             if "://" in endpoint:
                 arguments["scheme"], arguments["endpoint_override"] = endpoint.split("://", 1)
-        return pafs.S3FileSystem(**arguments)
+        return pafs.S3FileSystem(**arguments, allow_delayed_open=True)
 
 
 def dataset(paths: list[str], schema: pa.Schema) -> pads.Dataset:
