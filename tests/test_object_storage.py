@@ -14,6 +14,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import orjson
 import pytest
 from hypothesis import given
 from tests.crash_worker import (
@@ -557,6 +558,9 @@ def test_a_call_on_s3_costs_the_same_requests_after_40_batches_as_after_4(s3: S3
     counts.append(len(last))
     whole_logs = [path for _, path in last if "list-type=" in path and "_delta_log" in path and "start-after" not in path]
     assert whole_logs == [], whole_logs
+    # appends of our own: a table's file and its log entry, 2 requests (delta-rs' write made 8)
+    entries = [path for method, path in last if method == "PUT" and "/profiles/" in path]
+    assert len(entries) == 2 and not [p for m, p in last if m != "PUT" and "/profiles/_delta_log" in p], last
     assert ws.store.merge_errors == []
     assert {name for name, _, _ in ws.store.merges} >= {"profiles", "attributes", "external_ids"}
     # (before: 117 requests for the 4th call, 1,471 for the 40th)
@@ -568,6 +572,26 @@ def test_a_call_on_s3_costs_the_same_requests_after_40_batches_as_after_4(s3: S3
     opened: list[Workspace] = []
     assert _requests_of(s3, lambda: opened.append(open_s3(uri))) <= 60  # (before: 508)
     assert export_one(opened[0], "u39", ["email"]) == {"email": "u39@example.com"}
+
+
+@pytest.mark.slow  # two workspaces against moto: seconds
+def test_an_append_after_another_writers_version_goes_through_delta_rs(s3: Callable[[], str]) -> None:
+    """A writer appends on the version it wrote last with a conditional put; when another
+    writer committed since, the put is refused, its file removed, and the append written on
+    the table brought up to date: nothing lost, no file left behind."""
+    uri = s3()
+    first, second = open_s3(uri), open_s3(uri)
+    for ws, user in ((first, "a"), (second, "b"), (first, "c"), (second, "d"), (first, "e")):
+        assert ws.call("POST", "/users/track", {"attributes": [{"external_id": user, "n": 1}]}).status == 201
+    assert sorted(u["external_id"] for u in open_s3(uri).export_users(["external_id"])) == ["a", "b", "c", "d", "e"]
+    assert Workspace.check(uri).healthy
+    for name in ("profiles", "attributes", "external_ids"):  # every data file is one some version names
+        files = objects.files_under(f"{uri}/{name}")
+        entries = [rel for rel in files if rel.startswith("_delta_log/") and rel.endswith(".json")]
+        named = {action["add"]["path"] for rel in entries
+                 for line in (objects.read_whole(f"{uri}/{name}/{rel}") or b"").splitlines() if line.strip()
+                 if "add" in (action := orjson.loads(line))}
+        assert {rel for rel in files if "/" not in rel} <= named, name
 
 
 def _raising(error: BaseException) -> Callable[..., Any]:
