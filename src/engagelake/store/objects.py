@@ -175,6 +175,22 @@ def put_new(path: str, data: bytes) -> bool:
     return True
 
 
+def names_after(folder: str, after: str | None) -> list[str]:
+    """The names of the objects directly in `folder` (a URI) that sort after `after` (None:
+    all), in name order: one listing request per 1,000, from `after` on. Object storage only."""
+    import obstore
+
+    scheme, rest = folder.split("://", 1)
+    bucket, _, key = rest.partition("/")
+    prefix = key.rstrip("/") + "/"
+    store = _object_store(scheme, bucket, tuple(sorted((_configured.get(f"{scheme}://{bucket}") or {}).items())),
+                          _environment())
+    names: list[str] = []
+    for chunk in obstore.list(store, prefix, offset=prefix + after if after is not None else None, chunk_size=1000):
+        names.extend(meta["path"][len(prefix):] for meta in chunk)
+    return sorted(name for name in names if "/" not in name)
+
+
 @functools.cache
 def _object_store(scheme: str, bucket: str, options: tuple[tuple[str, str], ...],
                   environment: tuple[str | None, ...]) -> Any:
