@@ -594,6 +594,53 @@ def test_an_append_after_another_writers_version_goes_through_delta_rs(s3: Calla
         assert {rel for rel in files if "/" not in rel} <= named, name
 
 
+@pytest.mark.slow  # a store and a compaction against moto: seconds
+def test_an_append_after_a_compaction_lands_after_its_checkpoint(s3: Callable[[], str]) -> None:
+    """A compaction deletes the log entries before its checkpoint: an append on the version
+    this process wrote before it would be taken there, behind the checkpoint, where no reader
+    looks (and the version the ledger named would have no metadata). It goes after."""
+    uri = s3()
+    ws = open_s3(uri)
+    assert ws.call("POST", "/users/track", {"attributes": [{"external_id": "a", "n": 1}]}).status == 201
+    ws.compact()
+    assert ws.call("POST", "/users/track", {"attributes": [{"external_id": "b", "n": 1}]}).status == 201
+    assert sorted(u["external_id"] for u in open_s3(uri).export_users(["external_id"])) == ["a", "b"]
+    assert Workspace.check(uri).healthy
+
+
+@pytest.mark.slow  # two writers, a lease that lapses: seconds
+def test_a_batch_whose_lease_ended_leaves_nothing_the_next_one_builds_on(
+        s3: Callable[[], str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Writer A pauses past its lease before it writes its tables; B takes the lease, commits a
+    batch that writes none of them, and gives the lease back clean. A's tables are written, its
+    ledger row refused. A's next batch (after a clean lease, so no roll-back) must not append
+    on the versions its failed batch wrote: their user would appear."""
+    monkeypatch.setattr(lease, "LEASE_S", 1.0)
+    uri = s3()
+    a, b = open_s3(uri), open_s3(uri)
+    assert a.call("POST", "/users/track", {"attributes": [{"external_id": "a", "n": 1}]}).status == 201
+    real, armed = delta._failpoint, [True]
+
+    def paused(name: str) -> None:
+        if name == "before_tables" and armed[0]:
+            armed[0] = False
+            held = a.store._lease
+            assert held is not None and held._renewer is not None
+            held._stop.set()  # its renewals stop, and nothing notices
+            held._renewer.join()
+            time.sleep(1.3)  # its lease has ended
+            assert b.call("POST", "/catalogs", {"catalogs": [{"name": "c", "fields": [
+                {"name": "id", "type": "string"}]}]}).status == 201  # B writes no table of A's
+        real(name)
+
+    monkeypatch.setattr(delta, "_failpoint", paused)
+    with pytest.raises(StoreError):
+        a.call("POST", "/users/track", {"attributes": [{"external_id": "stray", "n": 1}]})
+    assert a.call("POST", "/users/track", {"attributes": [{"external_id": "a", "n": 2}]}).status == 201
+    assert a.store._lease is not None and a.store._lease.clean_before  # no roll-back ran before it
+    assert sorted(u["external_id"] for u in open_s3(uri).export_users(["external_id"])) == ["a"]
+
+
 def _raising(error: BaseException) -> Callable[..., Any]:
     def raises(*args: Any, **kwargs: Any) -> Any:
         raise error

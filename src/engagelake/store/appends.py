@@ -249,7 +249,8 @@ def commit(folder: str, version: int, adds: list[dict[str, Any]], rows: int,
             raise StoreError(f"version {version} of the table at {folder} exists already: another writer "
                              "committed it")
         if version % REMOTE_CHECKPOINT_INTERVAL == 0:
-            objects.delta_table(folder).create_checkpoint()
+            with suppress(Exception):  # committed: a checkpoint only shortens the next loads
+                objects.delta_table(folder).create_checkpoint()
         return version
     temporary = os.path.join(log, f"_commit_{uuid.uuid4()}.json.tmp")
     with open(temporary, "wb") as f:

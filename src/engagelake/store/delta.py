@@ -651,13 +651,18 @@ class DeltaStore:
         """On object storage, as on a folder: the file, then the log entry of our own, put only
         where none is (S3's conditional put): 2 requests where delta-rs' write made 8 (its log
         listed before, to check and after the commit, the new entry read back twice). The
-        version is the one this process wrote last, or the table as the ledger names it (stray
-        versions rolled back, `_at_named`); when another version came since (another writer's,
-        a merge's, a roll-back), the entry is refused, the file removed, and None says to write
-        through delta-rs. None also for a table gaining columns."""
+        version is the one after the version the ledger names: this process's last write when
+        that is it, else the table loaded and its stray versions rolled back (`_at_named`);
+        when another version came since (another writer's), the entry is refused, the file
+        removed, and None says to write through delta-rs. None also for a table gaining
+        columns."""
+        named = self.head.versions.get(name)
         kept = self._heads.get(name)
-        if kept is None:
-            table = self._at_named(name, self.head.versions.get(name))
+        if kept is None or kept[0] != named:
+            # only on the version the ledger names: this process's last write may be one no
+            # ledger row named (its batch failed, or its lease ended), and a compaction since
+            # may have deleted the entries after it, so that a put there would be taken
+            table = self._at_named(name, named)
             kept = (table.version(), frozenset(field.name for field in table.schema().fields))
         version, columns = kept
         if not set(schema.names) <= columns:

@@ -98,6 +98,9 @@ class Lease:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             state = self._read()
+            if _mine(state, self.holder):  # an acquire of ours that landed though its put reported an error
+                self.clean_before = False  # what came before it is not known: roll back what may be left
+                break
             if state is None or state["op"] == "release" or float(state["until"]) <= time.time():
                 if self._commit("acquire"):
                     # the writer before gave the lease back after a block that raised nothing:
