@@ -165,11 +165,9 @@ def put_new(path: str, data: bytes) -> bool:
     import obstore
     from obstore.exceptions import AlreadyExistsError
 
-    scheme, rest = path.split("://", 1)
-    bucket, _, key = rest.partition("/")
+    store, key = _resolve_store(path)
     try:
-        obstore.put(_object_store(scheme, bucket, tuple(sorted((_configured.get(f"{scheme}://{bucket}") or {}).items())),
-                                  _environment()), key, data, mode="create")
+        obstore.put(store, key, data, mode="create")
     except AlreadyExistsError:
         return False
     return True
@@ -180,15 +178,20 @@ def names_after(folder: str, after: str | None) -> list[str]:
     all), in name order: one listing request per 1,000, from `after` on. Object storage only."""
     import obstore
 
-    scheme, rest = folder.split("://", 1)
-    bucket, _, key = rest.partition("/")
+    store, key = _resolve_store(folder)
     prefix = key.rstrip("/") + "/"
-    store = _object_store(scheme, bucket, tuple(sorted((_configured.get(f"{scheme}://{bucket}") or {}).items())),
-                          _environment())
     names: list[str] = []
     for chunk in obstore.list(store, prefix, offset=prefix + after if after is not None else None, chunk_size=1000):
         names.extend(meta["path"][len(prefix):] for meta in chunk)
     return sorted(name for name in names if "/" not in name)
+
+
+def _resolve_store(uri: str) -> tuple[Any, str]:
+    """The `obstore` store of `uri`'s bucket and the key in it (as `_resolve` for pyarrow)."""
+    scheme, rest = uri.split("://", 1)
+    bucket, _, key = rest.partition("/")
+    options = _configured.get(f"{scheme}://{bucket}")
+    return _object_store(scheme, bucket, tuple(sorted(options.items())) if options else (), _environment()), key
 
 
 @functools.cache
