@@ -656,15 +656,7 @@ class DeltaStore:
         when another version came since (another writer's), the entry is refused, the file
         removed, and None says to write through delta-rs. None also for a table gaining
         columns."""
-        named = self.head.versions.get(name)
-        kept = self._heads.get(name)
-        if kept is None or kept[0] != named:
-            # only on the version the ledger names: this process's last write may be one no
-            # ledger row named (its batch failed, or its lease ended), and a compaction since
-            # may have deleted the entries after it, so that a put there would be taken
-            table = self._at_named(name, named)
-            kept = (table.version(), frozenset(field.name for field in table.schema().fields))
-        version, columns = kept
+        version, columns = self._remote_base(name, self.head.versions.get(name))
         if not set(schema.names) <= columns:
             return None
         added = appends.write_file(self._path(name), data, schema, options)
@@ -680,6 +672,17 @@ class DeltaStore:
         with self._cache_lock:
             self._note_append(name, mine, None if added is None else added[0])
         return mine
+
+    def _remote_base(self, name: str, named: int | None) -> tuple[int, frozenset[str]]:
+        """On object storage, the version a write of our own follows, and its columns: the
+        version the ledger names (`named`). Only that one: this process's last write may be one
+        no ledger row named (its batch failed, or its lease ended), and a compaction since may
+        have deleted the entries after it, so that a put there would be taken."""
+        kept = self._heads.get(name)
+        if kept is None or kept[0] != named:
+            table = self._at_named(name, named)
+            kept = (table.version(), frozenset(field.name for field in table.schema().fields))
+        return kept
 
     def _newest(self, name: str) -> tuple[int, frozenset[str]]:
         """A table's newest version and its columns, for an append under the writer lock: kept
@@ -893,8 +896,7 @@ class DeltaStore:
         return self._keep_files(name, version, files)
 
     def _keep_files(self, name: str, version: int, files: list[str]) -> list[str]:
-        if len(self._files) > 4 * len(STORED):
-            self._files.clear()
+        _bounded(self._files)
         self._files[(name, version)] = files
         return files
 
@@ -928,8 +930,7 @@ class DeltaStore:
         return self._keep_actions(name, version, pa.table(table.get_add_actions(flatten=True)))
 
     def _keep_actions(self, name: str, version: int, actions: pa.Table) -> pa.Table:
-        if len(self._actions) > 4 * len(STORED):
-            self._actions.clear()
+        _bounded(self._actions)
         self._actions[(name, version)] = actions
         return actions
 
@@ -987,8 +988,7 @@ class DeltaStore:
             return runs
 
     def _keep_runs(self, name: str, version: int, runs: list[merging.Run]) -> list[merging.Run]:
-        if len(self._runs) > 4 * len(STORED):
-            self._runs.clear()
+        _bounded(self._runs)
         self._runs[(name, version)] = runs
         return runs
 
@@ -1187,19 +1187,27 @@ class DeltaStore:
                 versions[name] = appends.commit(self._path(name), newest + 1, adds, sum(n for _, n in written),
                                                 [(path, present[path]) for path in gone])
                 self._heads[name] = (versions[name], columns)
-                with self._cache_lock:  # the files and statistics of the new version, for the next reads
-                    removed = set(gone)
-                    self._keep_files(name, versions[name], [
-                        *(f for f in self.files(name, version) if _file_name(f) not in removed),
-                        *(os.path.abspath(os.path.join(self._path(name), add["path"])) for add in adds)])
-                    kept = actions.filter(pc.invert(pc.is_in(actions.column("path"), pa.array(gone))))
-                    for add in adds:
-                        kept = appends.with_action(kept, add)
-                    self._keep_actions(name, versions[name], kept)
+                self._note_merge(name, version, versions[name], actions, gone, adds)
                 merged.append(name)
                 _failpoint(f"merge:{name}")
             self._merge_ledger_row(head, versions, merged)
         return merged, dict(head.versions), versions
+
+    def _note_merge(self, name: str, before: int, version: int, actions: pa.Table, gone: list[str],
+                    adds: list[dict[str, Any]]) -> None:
+        """Note the files and statistics of `version`, which replaced the files `gone` (paths in
+        the table) of version `before` (whose add actions are `actions`) by `adds`: the next
+        reads need not load the log."""
+        with self._cache_lock:
+            removed = set(gone)
+            self._keep_files(name, version, [
+                *(f for f in self.files(name, before) if _file_name(f) not in removed),
+                *(os.path.abspath(os.path.join(self._path(name), add["path"])) if self.local
+                  else objects.join(self._path(name), add["path"]) for add in adds)])
+            kept = actions.filter(pc.invert(pc.is_in(actions.column("path"), pa.array(gone))))
+            for add in adds:
+                kept = appends.with_action(kept, add)
+            self._keep_actions(name, version, kept)
 
     def _merge_ledger_row(self, head: Head, versions: dict[str, int], merged: list[str], *,
                           after: int | None = None) -> None:
@@ -1209,16 +1217,18 @@ class DeltaStore:
             self._append_ledger(head.batch_no + 1, None, versions, head.next_profile_n, head.next_update_seq,
                                 head.seed, [], kind="merge", after=after)
 
-    def _merged_files(self, name: str, runs: list[merging.Run], *, bottom: bool,
-                      into: str) -> list[tuple[dict[str, Any], int]]:
-        """The newest `runs` of `name` merged into one run, written as files in `into`; returns
-        their add actions and row counts."""
+    def _merged_files(self, name: str, runs: list[merging.Run], *, bottom: bool, into: str | None = None,
+                      sizes: list[int] | None = None) -> list[tuple[dict[str, Any], int]]:
+        """The newest `runs` of `name` merged into one run, written as files in `into` (None:
+        in the table's folder); returns their add actions and row counts. `sizes`: of the runs'
+        files, in order, when known."""
         started = time.perf_counter()
         files = [f for run in runs for f in run.files]
         order = sort_order(name, KEYS[name])
         assert order is not None
         with merging.connection(self.memory_limit) as con:
-            source = _files_source(con, name, files, _arrow_schema(name), partial=name in PARTIAL, local=self.local)
+            source = _files_source(con, name, files, _arrow_schema(name), partial=name in PARTIAL, local=self.local,
+                                   sizes=sizes)
             sql = merging.merge_sql(name, list(_stored_schema(name)), KEYS[name], order, source, since=runs[-1].first,
                                     bottom=bottom, fold=any(run.partial for run in runs))
             written = appends.write_files(self._path(name), merging.stream(con, sql, _arrow_schema(name)),
@@ -1356,6 +1366,8 @@ class DeltaStore:
     def _merge(self, name: str, runs: list[merging.Run], *, bottom: bool, named: int | None) -> int:
         """Write the newest `runs` of `name` as one run that replaces them in a single Delta
         commit (see `store/merging.py`); returns the table's new version."""
+        if (version := self._merge_remote(name, runs, bottom=bottom, named=named)) is not None:
+            return version
         started = time.perf_counter()
         since = runs[-1].first
         files = [f for run in runs for f in run.files]
@@ -1377,6 +1389,39 @@ class DeltaStore:
             self._note_actions(name, table.version(), table)
         self.merges.append((name, len(runs), time.perf_counter() - started))
         return table.version()
+
+    def _merge_remote(self, name: str, runs: list[merging.Run], *, bottom: bool, named: int | None) -> int | None:
+        """A merge on object storage as on a folder: the merged files written in the table,
+        then a log entry of our own that removes the runs' files and adds them, put only where
+        none is. delta-rs' predicate overwrite made about 55 requests a table for a small one
+        (the log loaded, every file of the runs read again to find the predicate's rows); this
+        makes the merge's reads, a PUT a file and one for the entry. None for a table gaining
+        columns (delta-rs then), or on a folder."""
+        if self.local or named is None:
+            return None
+        version, columns = self._remote_base(name, named)
+        if not set(_arrow_schema(name).names) <= columns:
+            return None
+        with self._cache_lock:
+            actions = self._actions_at(name, version)
+        present = dict(zip(actions.column("path").to_pylist(), actions.column("size_bytes").to_pylist(), strict=True))
+        root = self._path(name).rstrip("/") + "/"
+        gone = [f.removeprefix(root) for run in runs for f in run.files]
+        assert all(path in present for path in gone), "the runs are files of the version the ledger names"
+        written = self._merged_files(name, runs, bottom=bottom, sizes=[present[path] for path in gone])
+        adds = [add for add, _ in written]
+        try:
+            mine = appends.commit(self._path(name), version + 1, adds, sum(n for _, n in written),
+                                  [(path, present[path]) for path in gone])
+        except BaseException:
+            self._heads.pop(name, None)
+            for add in adds:
+                with suppress(Exception):  # the commit's error is the one to tell
+                    objects.remove(objects.join(self._path(name), add["path"]))
+            raise
+        self._heads[name] = (mine, columns)
+        self._note_merge(name, version, mine, actions, gone, adds)
+        return mine
 
     def compact(self, *, on_table: Callable[[str, int, int], None] | None = None) -> dict[str, int]:
         """Rewrite every table as its current rows (newest row per key, no tombstones, history
@@ -1929,14 +1974,32 @@ def _at(uri: str, name: str) -> str:
 
 
 def _files_source(con: duckdb.DuckDBPyConnection, name: str, files: list[str], schema: pa.Schema, *,
-                  partial: bool, local: bool) -> str:
+                  partial: bool, local: bool, sizes: list[int] | None = None) -> str:
     """SQL that reads a table's `files` in `con`: DuckDB's Parquet reader on a folder; on object
     storage a pyarrow dataset registered in `con` (DuckDB's own S3 reader, the `httpfs`
-    extension, is downloaded on first use), of `schema`: a column a file lacks reads as null."""
+    extension, is downloaded on first use), of `schema`: a column a file lacks reads as null
+    (`sizes`: the files' sizes, when known)."""
     if local:
         return merging.read_files(files, partial=partial)
-    con.register(f"_files_{name}", objects.dataset(files, schema))
+    con.register(f"_files_{name}", objects.dataset(files, schema, sizes))
     return f'"_files_{name}"'
+
+
+KEPT_VERSIONS = 2  # versions a table's files, actions and runs are cached for (the newest)
+
+
+def _bounded(cache: dict[tuple[str, int], Any]) -> None:
+    """Before a cache of table versions takes one more: past 4 versions a table on average,
+    keep only each table's newest `KEPT_VERSIONS`. A cache cleared whole made the next reads
+    load every table's log again: on object storage about 40 requests a table, a call in 20."""
+    if len(cache) <= 4 * len(STORED):
+        return
+    newest: dict[str, list[int]] = {}
+    for name, version in cache:
+        newest.setdefault(name, []).append(version)
+    keep = {(name, v) for name, versions in newest.items() for v in sorted(versions)[-KEPT_VERSIONS:]}
+    for key in [key for key in cache if key not in keep]:
+        del cache[key]
 
 
 def _file_name(path: str) -> str:

@@ -208,11 +208,21 @@ def _object_store(scheme: str, bucket: str, options: tuple[tuple[str, str], ...]
 
 
 def read_whole(path: str) -> bytes | None:
-    """The content of the file or object at `path` (None: there is none)."""
+    """The content of the file or object at `path` (None: there is none). One request for an
+    object (opened as a file, pyarrow asks its size first)."""
+    if not is_remote(path):
+        try:
+            with open_input(path) as source:
+                return bytes(source.read())
+        except FileNotFoundError:
+            return None
+    import obstore
+    from obstore.exceptions import NotFoundError
+
+    store, key = _resolve_store(path)
     try:
-        with open_input(path) as source:
-            return bytes(source.read())
-    except FileNotFoundError:
+        return bytes(obstore.get(store, key).bytes())
+    except (FileNotFoundError, NotFoundError):
         return None
 
 
@@ -324,10 +334,16 @@ def _filesystem(scheme: str, bucket: str, options: tuple[tuple[str, str], ...],
         return pafs.S3FileSystem(**arguments, allow_delayed_open=True)
 
 
-def dataset(paths: list[str], schema: pa.Schema) -> pads.Dataset:
+def dataset(paths: list[str], schema: pa.Schema, sizes: list[int] | None = None) -> pads.Dataset:
     """Objects (Parquet files) as one pyarrow dataset of `schema` (a column a file lacks reads
     as null), for DuckDB to scan where it cannot read object storage itself: its `httpfs`
-    extension is downloaded on first use, which a worker without internet cannot."""
+    extension is downloaded on first use, which a worker without internet cannot. `sizes`:
+    the objects' sizes, when known (a table's add actions name them): no request asks them."""
     filesystem, _ = _resolve(paths[0])
-    return pads.dataset([_resolve(path)[1] for path in paths], schema=schema, format="parquet",
-                        filesystem=filesystem)
+    if sizes is None:
+        return pads.dataset([_resolve(path)[1] for path in paths], schema=schema, format="parquet",
+                            filesystem=filesystem)
+    parquet = pads.ParquetFileFormat()
+    fragments = [parquet.make_fragment(_resolve(path)[1], filesystem, file_size=size)
+                 for path, size in zip(paths, sizes, strict=True)]
+    return pads.FileSystemDataset(fragments, schema, parquet, filesystem)
