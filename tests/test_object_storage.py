@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import orjson
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from hypothesis import given
 from tests.crash_worker import (
@@ -752,3 +754,48 @@ def test_the_rest_server_over_a_store_on_s3_answers_as_a_call(s3: Callable[[], s
             expected = local.call(method, path, copy.deepcopy(body))
             assert (answered.status_code, answered.json()) == (expected.status, expected.body), path
     assert_same(open_s3(ws.store.uri).export_users(), local.export_users(), "every user")
+
+
+@pytest.mark.slow  # a store of 35 calls and its checkpoints against moto: seconds
+def test_checkpoints_written_on_s3_hold_what_the_log_holds(s3: S3) -> None:
+    """engagelake writes a table's checkpoints on S3 from the one before and the entries since
+    (delta-rs' loaded the table twice: about 65 requests a table). A reader of them sees what
+    a reader of the log entries sees: the same version, files, statistics, schema and
+    settings; files removed by the run merges are gone; a fresh process exports every user."""
+    uri = s3()
+    ws = open_s3(uri)
+    ws.store.background_merges = False
+    for k in range(35):
+        body = {"attributes": [{"external_id": f"u{k}", "n": k, "email": f"u{k}@example.com"}]}
+        assert ws.call("POST", "/users/track", body).status == 201
+    assert ws.store.merge_errors == [] and {n for n, _, _ in ws.store.merges} >= {"profiles", "attributes"}
+    from deltalake import DeltaTable
+
+    for name in ("profiles", "attributes", "external_ids", "_index_profiles_email"):
+        log = f"{uri}/{name}/_delta_log"
+        names = sorted(objects.files_under(log))
+        version = max(int(n.split(".")[0]) for n in names if n.endswith(".json"))
+        ours = [n for n in names if n.endswith(".checkpoint.parquet")]
+        assert len(ours) == version // 10, names
+        for n in ours:  # written by engagelake (pyarrow), not by delta-rs (parquet-rs)
+            footer = pq.ParquetFile(pa.BufferReader(objects.read_whole(f"{log}/{n}"))).metadata
+            assert footer.created_by.startswith("parquet-cpp-arrow"), footer.created_by
+        # the reference: the same entries, without checkpoints
+        reference = f"{uri}-log-only/{name}/_delta_log"
+        for n in names:
+            if n.endswith(".json"):
+                with objects.open_output(f"{reference}/{n}") as out:
+                    out.write(objects.read_whole(f"{log}/{n}"))
+        got, want = DeltaTable(f"{uri}/{name}"), DeltaTable(reference.removesuffix("/_delta_log"))
+        assert got.version() == want.version() == version
+        def adds(table: DeltaTable) -> list[dict]:
+            return sorted(pa.table(table.get_add_actions(flatten=True)).to_pylist(), key=lambda a: a["path"])
+
+        assert adds(got) == adds(want), name
+        assert got.schema().to_json() == want.schema().to_json()
+        assert got.metadata().configuration == want.metadata().configuration
+        assert got.protocol() == want.protocol()
+    fresh = open_s3(uri)
+    assert sorted((u["external_id"], u["custom_attributes"]["n"]) for u in fresh.export_users(
+        ["external_id", "custom_attributes"])) == sorted((f"u{k}", k) for k in range(35))
+    assert Workspace.check(uri).healthy

@@ -40,7 +40,7 @@ from deltalake import DeltaTable
 
 from engagelake import __version__
 from engagelake.errors import StoreError
-from engagelake.store import objects
+from engagelake.store import checkpoints, objects
 
 # a string statistic longer than this (UTF-8 bytes) is cut, as delta-rs cuts it
 # (`runs.TRUSTED_FILE_STAT_BYTES`)
@@ -250,7 +250,8 @@ def commit(folder: str, version: int, adds: list[dict[str, Any]], rows: int,
                              "committed it")
         if version % REMOTE_CHECKPOINT_INTERVAL == 0:
             with suppress(Exception):  # committed: a checkpoint only shortens the next loads
-                objects.delta_table(folder).create_checkpoint()
+                if not checkpoints.write(folder, version):
+                    objects.delta_table(folder).create_checkpoint()
         return version
     temporary = os.path.join(log, f"_commit_{uuid.uuid4()}.json.tmp")
     with open(temporary, "wb") as f:

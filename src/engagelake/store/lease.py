@@ -40,7 +40,7 @@ from deltalake.exceptions import DeltaError
 
 from engagelake import __version__
 from engagelake.errors import StaleStoreError, StoreError, TurnEndedError
-from engagelake.store import objects
+from engagelake.store import checkpoints, objects
 
 LEASE = "_writer_lease"  # the table, beside the store's tables
 # how long a lease lasts unless renewed: a writer that died holding it delays the next one by
@@ -205,7 +205,8 @@ class Lease:
             self._version, self._last = version, metadata
         if version % CHECKPOINT_EVERY == 0:
             try:
-                objects.delta_table(self.uri).create_checkpoint()
+                if not checkpoints.write(self.uri, version):
+                    objects.delta_table(self.uri).create_checkpoint()
             except Exception:  # noqa: BLE001 - a checkpoint only shortens listings: the next one comes
                 pass
         return True
