@@ -47,7 +47,7 @@ from engagelake.store.lease import Lease
 from engagelake.tables.schema import STORED
 
 REPAIRED = "_repaired"  # where `repair` moves the files it takes out of a store
-_ENTRY = re.compile(r"^(\d{20})\.json$")
+_ENTRY = objects.LOG_ENTRY
 _CHECKPOINT = re.compile(r"^(\d{20})\.checkpoint(\.\d+\.\d+)?\.parquet$")
 
 

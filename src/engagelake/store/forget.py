@@ -38,7 +38,6 @@ import io
 import json
 import mmap
 import os
-import re
 import zipfile
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -70,7 +69,7 @@ FOOTERS = "_footers"  # `footers.INDEX_FOLDER`: a store's footer caches
 FOOTER_SUFFIX = ".footer.npz"
 CUT_MIN_CHARS = 6  # the shortest start of a value reported as a cut copy in a statistic
 TRUNCATED_BYTES = 64  # the length arrow-rs (delta-rs's Parquet writer) cuts string statistics to
-_ENTRY = re.compile(r"^\d{20}\.json$")
+_ENTRY = objects.LOG_ENTRY
 _TEXT = {"column": pl.String, "detail": pl.String, "text": pl.String}
 # a file that cannot be decoded as what its name says is searched as raw bytes, and reported
 _UNREADABLE = (OSError, ValueError, KeyError, zipfile.BadZipFile, pl.exceptions.PolarsError, pa.ArrowException)

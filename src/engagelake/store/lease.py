@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import os
 import random
-import re
 import threading
 import time
 import uuid
@@ -48,7 +47,6 @@ LEASE = "_writer_lease"  # the table, beside the store's tables
 LEASE_S = float(os.environ.get("ENGAGELAKE_LEASE_S") or 60.0)
 RENEW_EVERY_S = LEASE_S / 4  # a holder renews this often
 _SCHEMA = pa.schema([("holder", pa.string())])  # never holds a row: the commits' metadata says it all
-_ENTRY = re.compile(r"^\d{20}\.json$")
 CHECKPOINT_EVERY = 100  # lease versions between checkpoints (a fresh process lists the entries since)
 _JITTER = random.Random()
 
@@ -164,8 +162,7 @@ class Lease:
         with self._lock:
             while True:
                 after = self._version if self._version is not None else _checkpointed(self.uri)
-                names = objects.names_after(f"{self.uri}/_delta_log", None if after is None else f"{after:020d}.json")
-                versions = [int(name[:20]) for name in names if _ENTRY.match(name)]
+                versions = objects.entries_after(self.uri, after)
                 if after is None and not versions:
                     self._create()
                     continue

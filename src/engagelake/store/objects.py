@@ -14,15 +14,18 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import re
 import shutil
 import threading
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import polars as pl
 import pyarrow as pa
 import pyarrow.dataset as pads
 import pyarrow.fs as pafs
+import pyarrow.parquet as pq
 from deltalake import DeltaTable, PostCommitHookProperties, write_deltalake
 
 from engagelake.errors import ConfigError
@@ -186,6 +189,16 @@ def names_after(folder: str, after: str | None) -> list[str]:
     return sorted(name for name in names if "/" not in name)
 
 
+LOG_ENTRY = re.compile(r"^(\d{20})\.json$")  # a Delta log entry's name (its version)
+
+
+def entries_after(table: str, version: int | None) -> list[int]:
+    """The versions of the log entries of the Delta table at `table` (a URI) after `version`
+    (None: all), in order, from one listing (a page per 1,000). Object storage only."""
+    names = names_after(join(table, "_delta_log"), None if version is None else f"{version:020d}.json")
+    return sorted(int(m.group(1)) for name in names if (m := LOG_ENTRY.match(name)))
+
+
 def _resolve_store(uri: str) -> tuple[Any, str]:
     """The `obstore` store of `uri`'s bucket and the key in it (as `_resolve` for pyarrow)."""
     scheme, rest = uri.split("://", 1)
@@ -334,6 +347,16 @@ def _filesystem(scheme: str, bucket: str, options: tuple[tuple[str, str], ...],
         return pafs.S3FileSystem(**arguments, allow_delayed_open=True)
 
 
+WHOLE_READ_BYTES = 64 << 20  # objects of a dataset read whole when they are this small together
+
+
+def _conformed(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """`table` with the columns of `schema`, in its order and types (a column it lacks: nulls)."""
+    columns = [table.column(f.name) if f.name in table.column_names else pa.nulls(table.num_rows, f.type)
+               for f in schema]
+    return pa.table(columns, names=schema.names).cast(schema)
+
+
 def dataset(paths: list[str], schema: pa.Schema, sizes: list[int] | None = None) -> pads.Dataset:
     """Objects (Parquet files) as one pyarrow dataset of `schema` (a column a file lacks reads
     as null), for DuckDB to scan where it cannot read object storage itself: its `httpfs`
@@ -343,6 +366,10 @@ def dataset(paths: list[str], schema: pa.Schema, sizes: list[int] | None = None)
     if sizes is None:
         return pads.dataset([_resolve(path)[1] for path in paths], schema=schema, format="parquet",
                             filesystem=filesystem)
+    if sum(sizes) <= WHOLE_READ_BYTES:  # one GET an object, where a reader makes two (footer, data)
+        with ThreadPoolExecutor(min(len(paths), 8) or 1) as pool:
+            tables = list(pool.map(lambda path: pq.read_table(pa.BufferReader(read_whole(path))), paths))
+        return pads.InMemoryDataset([_conformed(table, schema) for table in tables], schema=schema)
     parquet = pads.ParquetFileFormat()
     fragments = [parquet.make_fragment(_resolve(path)[1], filesystem, file_size=size)
                  for path, size in zip(paths, sizes, strict=True)]
