@@ -364,6 +364,7 @@ def test_a_writer_whose_lease_ended_unseen_cannot_write_its_ledger_row_after_ano
         a.call("POST", "/users/track", {"attributes": [{"external_id": "u1", "plan": "lost"},
                                                        {"external_id": "ghost"}]})
     monkeypatch.setattr(DeltaStore, "_append_ledger", real)
+    assert _unnamed_files(uri, "_ledger") == set()  # the refused row's file went with it
     local.call("POST", "/users/track", others)
     for reader in (open_s3(uri), b):
         assert_same(reader.export_users(), local.export_users(), "every user")
@@ -588,12 +589,17 @@ def test_an_append_after_another_writers_version_goes_through_delta_rs(s3: Calla
     assert sorted(u["external_id"] for u in open_s3(uri).export_users(["external_id"])) == ["a", "b", "c", "d", "e"]
     assert Workspace.check(uri).healthy
     for name in ("profiles", "attributes", "external_ids"):  # every data file is one some version names
-        files = objects.files_under(f"{uri}/{name}")
-        entries = [rel for rel in files if rel.startswith("_delta_log/") and rel.endswith(".json")]
-        named = {action["add"]["path"] for rel in entries
-                 for line in (objects.read_whole(f"{uri}/{name}/{rel}") or b"").splitlines() if line.strip()
-                 if "add" in (action := orjson.loads(line))}
-        assert {rel for rel in files if "/" not in rel} <= named, name
+        assert _unnamed_files(uri, name) == set(), name
+
+
+def _unnamed_files(uri: str, name: str) -> set[str]:
+    """The data files of table `name` that no log entry adds."""
+    files = objects.files_under(f"{uri}/{name}")
+    entries = [rel for rel in files if rel.startswith("_delta_log/") and rel.endswith(".json")]
+    named = {action["add"]["path"] for rel in entries
+             for line in (objects.read_whole(f"{uri}/{name}/{rel}") or b"").splitlines() if line.strip()
+             if "add" in (action := orjson.loads(line))}
+    return {rel for rel in files if "/" not in rel} - named
 
 
 @pytest.mark.slow  # a store and a compaction against moto: seconds
