@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import orjson
+import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -53,7 +54,7 @@ from engagelake.errors import (
     StoreReadOnly,
     TurnEndedError,
 )
-from engagelake.store import delta, lease, objects
+from engagelake.store import appends, delta, lease, merging, objects
 from engagelake.store.delta import DeltaStore
 from engagelake.store.lease import Lease
 from engagelake.store.publish import published
@@ -802,6 +803,40 @@ def test_checkpoints_written_on_s3_hold_what_the_log_holds(s3: S3) -> None:
         assert got.metadata().configuration == want.metadata().configuration
         assert got.protocol() == want.protocol()
     fresh = open_s3(uri)
+    # a fresh process reads the tables' files as the checkpoints and entries name them, as
+    # delta-rs does (`checkpoints.files_at`), with the same statistics where the runs come from
+    for name in ("profiles", "attributes", "external_ids", "_index_profiles_email"):
+        version = fresh.store.head.versions[name]
+        reader = DeltaTable(f"{uri}/{name}", version=version)
+        assert set(fresh.store.files(name, version)) == set(reader.file_uris()), name
+        assert fresh.store._logs[name].version == version  # read by engagelake, not delta-rs
+        assert fresh.store.runs(name, version) == merging.runs_of(
+            pl.DataFrame(pa.table(reader.get_add_actions(flatten=True))), f"{uri}/{name}"), name
+        assert fresh.store.stored_rows(name, version) == sum(
+            pa.table(reader.get_add_actions(flatten=True)).column("num_records").to_pylist())
     assert sorted((u["external_id"], u["custom_attributes"]["n"]) for u in fresh.export_users(
         ["external_id", "custom_attributes"])) == sorted((f"u{k}", k) for k in range(35))
+    assert Workspace.check(uri).healthy
+
+
+@pytest.mark.slow  # a store of 6 calls and a merge against moto: seconds
+def test_a_merge_after_a_dead_writers_version_was_rolled_back_merges_at_once(s3: Callable[[], str]) -> None:
+    """A dead writer left a version of `profiles` no ledger row names, and its lease unreleased;
+    the next merge pass rolls it back, and merges on the restored table at once (it kept the
+    version it wrote last, which the restore had taken: its put failed, the merge with it)."""
+    uri = s3()
+    ws = open_s3(uri)
+    store = ws.store
+    store.background_merges, store.merge_trigger = False, 1000
+    for k in range(6):
+        assert ws.call("POST", "/users/track", {"attributes": [{"external_id": f"u{k}", "n": k}]}).status == 201
+    stray = objects.delta_table(f"{uri}/profiles").version() + 1
+    appends.commit(f"{uri}/profiles", stray, [], 0)  # the dead writer's version
+    newest = max(objects.entries_after(f"{uri}/_writer_lease", None))
+    dead = {"commitInfo": {"op": "renew", "holder": "dead", "until": "0", "clean": "0"}}
+    assert objects.put_new(f"{uri}/_writer_lease/_delta_log/{newest + 1:020d}.json", orjson.dumps(dead) + b"\n")
+    store.merge_trigger = 2
+    assert store.merge_runs(["profiles"]) == ["profiles"]
+    assert store.merge_errors == []
+    assert sorted(u["external_id"] for u in open_s3(uri).export_users(["external_id"])) == [f"u{k}" for k in range(6)]
     assert Workspace.check(uri).healthy

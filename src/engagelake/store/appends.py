@@ -249,9 +249,7 @@ def commit(folder: str, version: int, adds: list[dict[str, Any]], rows: int,
             raise StoreError(f"version {version} of the table at {folder} exists already: another writer "
                              "committed it")
         if version % REMOTE_CHECKPOINT_INTERVAL == 0:
-            with suppress(Exception):  # committed: a checkpoint only shortens the next loads
-                if not checkpoints.write(folder, version):
-                    objects.delta_table(folder).create_checkpoint()
+            checkpoints.write_or_leave(folder, version)  # committed: a checkpoint only shortens the next loads
         return version
     temporary = os.path.join(log, f"_commit_{uuid.uuid4()}.json.tmp")
     with open(temporary, "wb") as f:
@@ -308,10 +306,24 @@ def with_action(actions: pa.Table, add: dict[str, Any]) -> pa.Table:
     """`actions` (a table version's add actions as delta-rs flattens them: `path`, `size_bytes`,
     `modification_time`, `num_records`, `null_count.<column>`, `min.<column>`, `max.<column>`)
     with one more row for `add`, as delta-rs would read it from the log."""
-    stats = orjson.loads(add["stats"])
+    return pa.concat_tables([actions, actions_of([add])], promote_options="permissive")
+
+
+def actions_of(adds: list[dict[str, Any]]) -> pa.Table:
+    """The add actions `adds` (as the log holds them: statistics as JSON text) as delta-rs
+    flattens them (`with_action`); a column of statistics some files lack is null for them."""
+    rows = [_flat_action(add) for add in adds]
+    if not rows:
+        return NO_ACTIONS
+    names = list(dict.fromkeys(name for row in rows for name in row))
+    return pa.concat_tables([NO_ACTIONS, pa.table({name: [row.get(name) for row in rows] for name in names})],
+                            promote_options="permissive")
+
+
+def _flat_action(add: dict[str, Any]) -> dict[str, Any]:
+    stats = orjson.loads(add["stats"]) if add.get("stats") else {}
     row: dict[str, Any] = {"path": add["path"], "size_bytes": add["size"],
-                           "modification_time": add["modificationTime"], "num_records": stats["numRecords"]}
-    for prefix, values in (("null_count", stats["nullCount"]), ("min", stats["minValues"]),
-                           ("max", stats["maxValues"])):
-        row.update({f"{prefix}.{name}": value for name, value in values.items()})
-    return pa.concat_tables([actions, pa.Table.from_pylist([row])], promote_options="permissive")
+                           "modification_time": add["modificationTime"], "num_records": stats.get("numRecords")}
+    for prefix, key in (("null_count", "nullCount"), ("min", "minValues"), ("max", "maxValues")):
+        row.update({f"{prefix}.{name}": value for name, value in (stats.get(key) or {}).items()})
+    return row

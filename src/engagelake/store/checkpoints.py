@@ -23,6 +23,8 @@ import os
 import shutil
 import tempfile
 import time
+from contextlib import suppress
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -34,6 +36,19 @@ from deltalake import DeltaTable, write_deltalake
 from engagelake.store import objects
 
 TOMBSTONE_RETENTION_MS = 7 * 24 * 3600 * 1000  # delta-rs' default `delta.deletedFileRetentionDuration`
+
+
+def write_or_leave(folder: str, version: int) -> None:
+    """The checkpoint of version `version` of the table at `folder`, by `write` or else by
+    delta-rs; a failure of either is left at that (the version is committed: a checkpoint only
+    shortens the next loads, and the next one comes 10 versions on)."""
+    try:
+        written = write(folder, version)
+    except Exception:  # noqa: BLE001 - delta-rs is then to write it
+        written = False
+    if not written:
+        with suppress(Exception):
+            objects.delta_table(folder).create_checkpoint()
 
 
 def write(folder: str, version: int) -> bool:
@@ -53,7 +68,7 @@ def write(folder: str, version: int) -> bool:
             return False
         before = pq.read_table(pa.BufferReader(data))
     since = _actions_since(log, base, version)
-    if since is None or not set(_KINDS) <= set(before.column_names):
+    if since is None or not set(_KINDS) <= set(before.column_names) or _parsed_statistics(before):
         return False
     files, table_wide = since
     now = int(time.time() * 1000)
@@ -87,6 +102,62 @@ def write(folder: str, version: int) -> bool:
     with objects.open_output(objects.join(log, "_last_checkpoint")) as out:
         out.write(pointer)
     return True
+
+
+@dataclass(frozen=True)
+class Files:
+    """A table version's files, as a reader of its log finds them."""
+
+    version: int
+    adds: dict[str, dict[str, Any]]  # by path, each file's add action (statistics as JSON text)
+    columns: frozenset[str] | None  # the table's columns, as its newest metadata says (None: unknown)
+
+
+def files_at(folder: str, version: int, known: Files | None = None) -> Files | None:
+    """The files of version `version` of the table at `folder`: those of `known` (an older
+    version's) and the entries since, or those of the last checkpoint, read whole, and the
+    entries since; each entry read once. None when neither can tell (the last checkpoint is
+    after `version`, or in parts; an entry is gone or holds an action this does not know):
+    delta-rs then loads the log. delta-rs read the checkpoint in 11 ranged requests and each
+    entry twice."""
+    log = objects.join(folder, "_delta_log")
+    if known is not None and known.version <= version:
+        base, adds, columns = known.version, dict(known.adds), known.columns
+    else:
+        pointer = objects.read_whole(objects.join(log, "_last_checkpoint"))
+        if pointer is None:
+            base, adds, columns = -1, {}, None
+        else:
+            last = orjson.loads(pointer)
+            base = last.get("version")
+            if not isinstance(base, int) or base > version or last.get("parts"):
+                return None
+            data = objects.read_whole(objects.join(log, f"{base:020d}.checkpoint.parquet"))
+            if data is None:
+                return None
+            checkpoint = pq.read_table(pa.BufferReader(data), columns=["add", "metaData"])
+            adds = {add["path"]: add for add in checkpoint.column("add").drop_null().to_pylist()}
+            columns = _columns(checkpoint.column("metaData").drop_null().to_pylist())
+    since = _actions_since(log, base, version)
+    if since is None:
+        return None
+    files, table_wide = since
+    for path, (kind, action) in files.items():
+        if kind == "add":
+            adds[path] = action
+        else:
+            adds.pop(path, None)
+    if "metaData" in table_wide:
+        columns = _columns([table_wide["metaData"]])
+    return Files(version, adds, columns)
+
+
+def _columns(metadata: list[dict[str, Any]]) -> frozenset[str] | None:
+    """The top-level columns a metadata action's schema names (None: none, or unreadable)."""
+    try:
+        return frozenset(field["name"] for field in orjson.loads(metadata[-1]["schemaString"])["fields"])
+    except (IndexError, KeyError, TypeError, orjson.JSONDecodeError):
+        return None
 
 
 _KINDS = ("add", "remove", "metaData", "protocol")
@@ -129,6 +200,14 @@ def _template() -> pa.Schema:
         return pq.read_schema(os.path.join(folder, "_delta_log", f"{0:020d}.checkpoint.parquet"))
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def _parsed_statistics(checkpoint: pa.Table) -> bool:
+    """Whether the checkpoint's adds carry their statistics as structs too
+    (`delta.checkpoint.writeStatsAsStruct`, which engagelake never sets): new adds would lack
+    them, and delta-rs then reads those files as having none."""
+    kind = checkpoint.schema.field("add").type
+    return any(kind.field(i).name.endswith("_parsed") for i in range(kind.num_fields))
 
 
 def _rows(schema: pa.Schema, column: str, actions: list[dict[str, Any]]) -> pa.Table:

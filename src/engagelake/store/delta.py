@@ -57,7 +57,7 @@ from engagelake.errors import (
     StoreReadOnly,
     TurnEndedError,
 )
-from engagelake.store import appends, compaction, merging, objects, records
+from engagelake.store import appends, checkpoints, compaction, merging, objects, records
 from engagelake.store.compaction import Part, Plan, Written
 from engagelake.store.footers import index_path, prune_indexes
 from engagelake.store.lease import Lease
@@ -424,6 +424,7 @@ class DeltaStore:
         self._ledger_table: DeltaTable | None = None
         self._ledger_version = -1
         self._ledger_columns: frozenset[str] = frozenset()  # on object storage, once the ledger was loaded
+        self._logs: dict[str, checkpoints.Files] = {}  # on object storage, per table: the files of the version read last
         self._ledger_properties_set = False
         self.response_retention = RESPONSE_RETENTION  # a workspace setting (`Workspace.open`)
         try:
@@ -702,6 +703,12 @@ class DeltaStore:
         no ledger row named (its batch failed, or its lease ended), and a compaction since may
         have deleted the entries after it, so that a put there would be taken."""
         kept = self._heads.get(name)
+        if kept is None and named is not None:  # a fresh process: the log read as a checkpoint
+            # is, and one listing to tell no version came after the named one
+            with self._cache_lock:
+                read = self._remote_files(name, named)
+            if read is not None and read.columns is not None and not objects.entries_after(self._path(name), named):
+                kept = self._heads[name] = (named, read.columns)
         if kept is None or kept[0] != named:
             table = self._at_named(name, named)
             kept = (table.version(), frozenset(field.name for field in table.schema().fields))
@@ -818,6 +825,10 @@ class DeltaStore:
             if table.version() > version:
                 self._refuse_lost_batch(head)
                 table.restore(version)
+                # the version this process wrote last is no longer the table's newest: an
+                # append or a merge on it would put the entry the restore took
+                self._heads.pop(name, None)
+                self._written.pop(name, None)
 
     def _refuse_lost_batch(self, head: Head) -> None:
         """Before a rollback: raise StoreDamaged when a ledger row file of a later batch is in no
@@ -897,6 +908,8 @@ class DeltaStore:
             files = self._files.get((name, version))
             if files is None and version == 0 and self._as_created(name) is not None:
                 files = self._files[(name, version)]
+            if files is None and (read := self._remote_files(name, version)) is not None:
+                files = self._keep_files(name, version, [objects.join(self._path(name), p) for p in read.adds])
             if files is None:
                 files = self._note_files(name, version, self._table_at(name, version))
             return files
@@ -921,7 +934,7 @@ class DeltaStore:
         return self._keep_files(name, version, files)
 
     def _keep_files(self, name: str, version: int, files: list[str]) -> list[str]:
-        _bounded(self._files)
+        _bounded(self._files, self.head)
         self._files[(name, version)] = files
         return files
 
@@ -947,15 +960,35 @@ class DeltaStore:
         """The add actions (one per file, with statistics) of a table version (cached; the
         cache lock is held)."""
         actions = self._actions.get((name, version))
+        if actions is None and (read := self._remote_files(name, version)) is not None:
+            actions = self._keep_actions(name, version, appends.actions_of(list(read.adds.values())))
         if actions is None:
             actions = self._note_actions(name, version, self._table_at(name, version))
         return actions
+
+    def _remote_files(self, name: str, version: int) -> checkpoints.Files | None:
+        """On object storage, the files of a table version as engagelake reads its log
+        (`checkpoints.files_at`: a fresh process's read of a table is 2 requests and one an
+        entry since the last checkpoint, where delta-rs made 13 and two an entry), moving
+        forward from the version read last; None on a folder, or where it cannot tell (the
+        cache lock is held)."""
+        if self.local:
+            return None
+        known = self._logs.get(name)
+        read = checkpoints.files_at(self._path(name), version, known)
+        if read is None and known is not None and known.version <= version:
+            # the entries after the version read last may be gone (a compaction cleans the
+            # log up before its checkpoint): from the last checkpoint, then
+            read = checkpoints.files_at(self._path(name), version)
+        if read is not None and (known is None or read.version >= known.version):
+            self._logs[name] = read
+        return read
 
     def _note_actions(self, name: str, version: int, table: DeltaTable) -> pa.Table:
         return self._keep_actions(name, version, pa.table(table.get_add_actions(flatten=True)))
 
     def _keep_actions(self, name: str, version: int, actions: pa.Table) -> pa.Table:
-        _bounded(self._actions)
+        _bounded(self._actions, self.head)
         self._actions[(name, version)] = actions
         return actions
 
@@ -1013,7 +1046,7 @@ class DeltaStore:
             return runs
 
     def _keep_runs(self, name: str, version: int, runs: list[merging.Run]) -> list[merging.Run]:
-        _bounded(self._runs)
+        _bounded(self._runs, self.head)
         self._runs[(name, version)] = runs
         return runs
 
@@ -2013,16 +2046,18 @@ def _files_source(con: duckdb.DuckDBPyConnection, name: str, files: list[str], s
 KEPT_VERSIONS = 2  # versions a table's files, actions and runs are cached for (the newest)
 
 
-def _bounded(cache: dict[tuple[str, int], Any]) -> None:
+def _bounded(cache: dict[tuple[str, int], Any], head: Head) -> None:
     """Before a cache of table versions takes one more: past 4 versions a table on average,
-    keep only each table's newest `KEPT_VERSIONS`. A cache cleared whole made the next reads
-    load every table's log again: on object storage about 40 requests a table, a call in 20."""
+    keep only each table's newest `KEPT_VERSIONS` and the version `head` names. A cache
+    cleared whole made the next reads load every table's log again: on object storage about
+    40 requests a table, a call in 20."""
     if len(cache) <= 4 * len(STORED):
         return
     newest: dict[str, list[int]] = {}
     for name, version in cache:
         newest.setdefault(name, []).append(version)
     keep = {(name, v) for name, versions in newest.items() for v in sorted(versions)[-KEPT_VERSIONS:]}
+    keep |= set(head.versions.items())
     for key in [key for key in cache if key not in keep]:
         del cache[key]
 

@@ -201,11 +201,7 @@ class Lease:
                 return False
             self._version, self._last = version, metadata
         if version % CHECKPOINT_EVERY == 0:
-            try:
-                if not checkpoints.write(self.uri, version):
-                    objects.delta_table(self.uri).create_checkpoint()
-            except Exception:  # noqa: BLE001 - a checkpoint only shortens listings: the next one comes
-                pass
+            checkpoints.write_or_leave(self.uri, version)  # a checkpoint only shortens listings
         return True
 
 

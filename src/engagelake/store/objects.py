@@ -230,13 +230,15 @@ def read_whole(path: str) -> bytes | None:
         except FileNotFoundError:
             return None
     import obstore
-    from obstore.exceptions import NotFoundError
+    from obstore.exceptions import BaseError, NotFoundError
 
     store, key = _resolve_store(path)
     try:
         return bytes(obstore.get(store, key).bytes())
     except (FileNotFoundError, NotFoundError):
         return None
+    except BaseError as error:  # the readers that report an unreadable object catch OSError
+        raise OSError(f"{path}: {error}") from error
 
 
 def files_under(root: str) -> dict[str, int]:
