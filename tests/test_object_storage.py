@@ -840,3 +840,27 @@ def test_a_merge_after_a_dead_writers_version_was_rolled_back_merges_at_once(s3:
     assert store.merge_errors == []
     assert sorted(u["external_id"] for u in open_s3(uri).export_users(["external_id"])) == [f"u{k}" for k in range(6)]
     assert Workspace.check(uri).healthy
+
+
+@pytest.mark.slow  # 40 calls against moto: seconds
+def test_a_reader_far_behind_reads_from_the_newest_checkpoint(s3: S3) -> None:
+    """A long-lived reader (a notebook, a worker) that read a table once reads it again 40
+    versions later from the newest checkpoint, not entry by entry from the version it knew,
+    and finds what a fresh reader finds."""
+    uri = s3()
+    ws = open_s3(uri)
+    ws.store.background_merges = False
+
+    def calls(first: int, last: int) -> None:
+        for k in range(first, last):
+            assert ws.call("POST", "/users/track", {"attributes": [{"external_id": f"u{k}", "n": k}]}).status == 201
+
+    calls(0, 3)
+    reader = open_s3(uri).store
+    reader.files("profiles", reader.head.versions["profiles"])
+    calls(3, 43)
+    reader.refresh()
+    newest = reader.head.versions["profiles"]
+    requests, _ = s3.during(lambda: reader.files("profiles", newest))
+    assert len(requests) <= 12, requests  # (walking the entries: 41)
+    assert set(reader.files("profiles", newest)) == set(open_s3(uri).store.files("profiles", newest))

@@ -36,6 +36,9 @@ from deltalake import DeltaTable, write_deltalake
 from engagelake.store import objects
 
 TOMBSTONE_RETENTION_MS = 7 * 24 * 3600 * 1000  # delta-rs' default `delta.deletedFileRetentionDuration`
+# a reader that knows an older version reads the entries since it while they are fewer than
+# this; else it looks for a newer checkpoint first (one is written every 10 versions on S3)
+CHECKPOINT_EVERY = 10
 
 
 def write_or_leave(folder: str, version: int) -> None:
@@ -121,22 +124,29 @@ def files_at(folder: str, version: int, known: Files | None = None) -> Files | N
     delta-rs then loads the log. delta-rs read the checkpoint in 11 ranged requests and each
     entry twice."""
     log = objects.join(folder, "_delta_log")
-    if known is not None and known.version <= version:
+    near = known is not None and known.version <= version < known.version + CHECKPOINT_EVERY
+    if known is not None and near:
         base, adds, columns = known.version, dict(known.adds), known.columns
     else:
+        # from the last checkpoint, unless the version known is after it (a writer's, kept up
+        # to date): the entries since are then fewer
         pointer = objects.read_whole(objects.join(log, "_last_checkpoint"))
-        if pointer is None:
-            base, adds, columns = -1, {}, None
+        last = orjson.loads(pointer) if pointer is not None else {}
+        base = last.get("version", -1)
+        if not isinstance(base, int) or last.get("parts"):
+            return None
+        if known is not None and base <= known.version <= version:
+            base, adds, columns = known.version, dict(known.adds), known.columns
+        elif base > version:
+            return None
+        elif base < 0:
+            adds, columns = {}, None
         else:
-            last = orjson.loads(pointer)
-            base = last.get("version")
-            if not isinstance(base, int) or base > version or last.get("parts"):
-                return None
             data = objects.read_whole(objects.join(log, f"{base:020d}.checkpoint.parquet"))
             if data is None:
                 return None
             checkpoint = pq.read_table(pa.BufferReader(data), columns=["add", "metaData"])
-            adds = {add["path"]: add for add in checkpoint.column("add").drop_null().to_pylist()}
+            adds = {add["path"]: add for add in checkpoint.column("add").drop_null().to_pylist() if add.get("path")}
             columns = _columns(checkpoint.column("metaData").drop_null().to_pylist())
     since = _actions_since(log, base, version)
     if since is None:

@@ -975,11 +975,14 @@ class DeltaStore:
         if self.local:
             return None
         known = self._logs.get(name)
-        read = checkpoints.files_at(self._path(name), version, known)
-        if read is None and known is not None and known.version <= version:
-            # the entries after the version read last may be gone (a compaction cleans the
-            # log up before its checkpoint): from the last checkpoint, then
-            read = checkpoints.files_at(self._path(name), version)
+        try:
+            read = checkpoints.files_at(self._path(name), version, known)
+            if read is None and known is not None and known.version <= version:
+                # the entries after the version read last may be gone (a compaction cleans the
+                # log up before its checkpoint): from the last checkpoint, then
+                read = checkpoints.files_at(self._path(name), version)
+        except Exception:  # noqa: BLE001 - a log this cannot read: delta-rs reads it, or says why not
+            read = None
         if read is not None and (known is None or read.version >= known.version):
             self._logs[name] = read
         return read

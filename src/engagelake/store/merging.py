@@ -55,7 +55,7 @@ def partial_files(actions: pl.DataFrame) -> pl.Series:
     column (a file written before it, or of another table, has none; a file without
     statistics may)."""
     if "min._set" not in actions.columns:
-        return pl.Series([False] * actions.height) if "num_records" in actions.columns else pl.Series(
+        return actions["num_records"].is_null() if "num_records" in actions.columns else pl.Series(
             [True] * actions.height)
     return actions.select(pl.col("min._set").is_not_null() | pl.col("num_records").is_null()).to_series()
 
