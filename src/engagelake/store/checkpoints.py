@@ -58,18 +58,15 @@ def write(folder: str, version: int) -> bool:
     """Write the checkpoint of version `version` of the table at `folder` (the writer's newest);
     False when this cannot (delta-rs is then to write it)."""
     log = objects.join(folder, "_delta_log")
-    pointer = objects.read_whole(objects.join(log, "_last_checkpoint"))
-    if pointer is None:
-        base, before = -1, _template().empty_table()
+    base = last_version(folder)
+    if base is None or base >= version:
+        return base == version
+    if base < 0:
+        before = _template().empty_table()
+    elif (read := _checkpoint(log, base)) is None:
+        return False
     else:
-        last = orjson.loads(pointer)
-        base = last.get("version")
-        if not isinstance(base, int) or base >= version or last.get("parts"):
-            return base == version
-        data = objects.read_whole(objects.join(log, f"{base:020d}.checkpoint.parquet"))
-        if data is None:
-            return False
-        before = pq.read_table(pa.BufferReader(data))
+        before = read
     since = _actions_since(log, base, version)
     if since is None or not set(_KINDS) <= set(before.column_names) or _parsed_statistics(before):
         return False
@@ -130,11 +127,10 @@ def files_at(folder: str, version: int, known: Files | None = None) -> Files | N
     else:
         # from the last checkpoint, unless the version known is after it (a writer's, kept up
         # to date): the entries since are then fewer
-        pointer = objects.read_whole(objects.join(log, "_last_checkpoint"))
-        last = orjson.loads(pointer) if pointer is not None else {}
-        base = last.get("version", -1)
-        if not isinstance(base, int) or last.get("parts"):
+        last = last_version(folder)
+        if last is None:
             return None
+        base = last
         if known is not None and base <= known.version <= version:
             base, adds, columns = known.version, dict(known.adds), known.columns
         elif base > version:
@@ -142,10 +138,8 @@ def files_at(folder: str, version: int, known: Files | None = None) -> Files | N
         elif base < 0:
             adds, columns = {}, None
         else:
-            data = objects.read_whole(objects.join(log, f"{base:020d}.checkpoint.parquet"))
-            if data is None:
+            if (checkpoint := _checkpoint(log, base, ["add", "metaData"])) is None:
                 return None
-            checkpoint = pq.read_table(pa.BufferReader(data), columns=["add", "metaData"])
             adds = {add["path"]: add for add in checkpoint.column("add").drop_null().to_pylist() if add.get("path")}
             columns = _columns(checkpoint.column("metaData").drop_null().to_pylist())
     since = _actions_since(log, base, version)
@@ -160,6 +154,26 @@ def files_at(folder: str, version: int, known: Files | None = None) -> Files | N
     if "metaData" in table_wide:
         columns = _columns([table_wide["metaData"]])
     return Files(version, adds, columns)
+
+
+def last_version(folder: str) -> int | None:
+    """The version of the last checkpoint of the table at `folder`, as `_last_checkpoint` says
+    (-1: none yet; None: one in parts, or a pointer this cannot read)."""
+    pointer = objects.read_whole(objects.join(folder, "_delta_log/_last_checkpoint"))
+    if pointer is None:
+        return -1
+    try:
+        last = orjson.loads(pointer)
+    except orjson.JSONDecodeError:
+        return None
+    version = last.get("version") if isinstance(last, dict) else None
+    return version if isinstance(version, int) and not last.get("parts") else None
+
+
+def _checkpoint(log: str, version: int, columns: list[str] | None = None) -> pa.Table | None:
+    """The checkpoint of `version` in the log folder `log`, read whole (None: it is gone)."""
+    data = objects.read_whole(objects.join(log, f"{version:020d}.checkpoint.parquet"))
+    return None if data is None else pq.read_table(pa.BufferReader(data), columns=columns)
 
 
 def _columns(metadata: list[dict[str, Any]]) -> frozenset[str] | None:

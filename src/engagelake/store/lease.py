@@ -206,12 +206,9 @@ class Lease:
 
 
 def _checkpointed(uri: str) -> int | None:
-    """The version of the lease table's last checkpoint (None: none yet)."""
-    text = objects.read_whole(f"{uri}/_delta_log/_last_checkpoint")
-    try:
-        return int(orjson.loads(text)["version"]) if text else None
-    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
-        return None
+    """The version of the lease table's last checkpoint (None: none yet, or unreadable)."""
+    version = checkpoints.last_version(uri)
+    return None if version is None or version < 0 else version
 
 
 def _state(entry: bytes) -> dict[str, Any]:
