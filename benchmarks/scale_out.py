@@ -20,6 +20,14 @@ cost of a Prefect task on the cluster with no-op tasks. The model built on these
 times the flow `compact_store` instead, on two fresh copies of the store: in one piece in the
 flow's process, and with each big table cut into `--parts` key ranges written on the Dask
 cluster; then checks that both copies hold the same current rows in every table.
+
+    uv run python benchmarks/scale_out.py --store /tmp/store1m --track [--objects 1000000] [--workers 2]
+
+times the flow `track_batch` on P1's batch (`bench_track.py`: mixed track objects into the
+store's users, one request file) on fresh copies of the store: `parts=1` in the flow's process
+(the batch as it always ran), then `parts=N` with each pass's requests read (parsed and
+checked) in N shares on a `LocalCluster` of 1 worker process and of N (one thread each); then
+checks that the responses and the stores' current rows are the same.
 """
 
 from __future__ import annotations
@@ -78,9 +86,14 @@ def main() -> None:
     parser.add_argument("--parts", type=int, default=4, help="parts of the export (default 4)")
     parser.add_argument("--users-per-chunk", type=int, default=50_000)
     parser.add_argument("--compaction", action="store_true", help="time compact_store instead of export_all")
+    parser.add_argument("--track", action="store_true", help="time track_batch on P1's batch instead")
+    parser.add_argument("--objects", type=int, default=1_000_000, help="--track: P1's objects")
     args = parser.parse_args()
     if args.compaction:
         compaction(args.store, args.workers, args.parts)
+        return
+    if args.track:
+        track(args.store, args.workers, args.objects)
         return
 
     out = Path(tempfile.mkdtemp(prefix="bench-scale-out-"))
@@ -132,6 +145,61 @@ def compaction(store: str, workers: int, parts: int) -> None:
         one, dask_copy = Workspace.open(out / "one"), Workspace.open(out / "dask")
         equal = all(one.table(name).collect().equals(dask_copy.table(name).collect()) for name in TABLES)
         print(f"same current rows in every table: {equal}")
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+
+
+def track(store: str, workers: int, objects: int) -> None:
+    """`track_batch` over P1's request file, on fresh copies of `store`: in the flow's process,
+    then with its passes read in `workers` shares on clusters of 1 and `workers` processes."""
+    import numpy as np
+    import orjson
+    import polars as pl
+
+    from bench_track import IdSpace, mixed_requests
+    from engagelake.files import read_responses_file
+    from flows.track_batch import track_batch
+
+    out = Path(tempfile.mkdtemp(prefix="bench-scale-out-", dir=Path(store).parent))
+    try:
+        users = Workspace.open(store, create=False).table("profiles").select(pl.len()).collect().item()
+        rng = np.random.default_rng(7)
+        requests = mixed_requests(objects, IdSpace(users), rng)
+        (out / "requests").mkdir()
+        with open(out / "requests" / "p1.ndjson", "wb") as f:
+            f.writelines(orjson.dumps(r) + b"\n" for r in requests)
+        print(f"P1: {objects:,} objects in {len(requests):,} requests into {users:,} users")
+        del requests
+        runs = [("one", "parts=1, in the flow's process", 0, 1),
+                ("w1", f"parts={workers}, 1 Dask worker process", 1, workers),
+                ("wn", f"parts={workers}, {workers} Dask worker processes", workers, workers)]
+        seconds: dict[str, float] = {}
+        with prefect_test_harness():
+            for name, label, cluster_workers, parts in runs:
+                shutil.copytree(store, out / name)
+                folder = out / f"requests-{name}"
+                shutil.copytree(out / "requests", folder)
+                if cluster_workers:
+                    with LocalCluster(n_workers=cluster_workers, processes=True, threads_per_worker=1) as cluster:
+                        flow_ = track_batch.with_options(task_runner=DaskTaskRunner(address=cluster.scheduler_address))
+                        noops.with_options(task_runner=DaskTaskRunner(address=cluster.scheduler_address))(
+                            cluster_workers)  # the workers import Prefect before the timing
+                        started = time.perf_counter()
+                        flow_(str(folder), str(out / name), parts=parts)
+                        seconds[name] = time.perf_counter() - started
+                else:
+                    started = time.perf_counter()
+                    track_batch(str(folder), str(out / name), parts=parts)
+                    seconds[name] = time.perf_counter() - started
+                base = seconds["one"]
+                print(f"{label:<44}{seconds[name]:9.2f} s{objects / seconds[name]:12,.0f} objects/s   "
+                      f"{base / seconds[name]:5.2f}x")
+        print(f"{workers} workers against 1: {seconds['w1'] / seconds['wn']:.2f}x")
+        responses = {name: read_responses_file(out / f"requests-{name}" / "p1.responses.ndjson") for name, *_ in runs}
+        print("same responses:", all(responses[name] == responses["one"] for name in responses))
+        statuses = {name: Workspace.open(out / name).table("profiles").select(pl.len()).collect().item()
+                    for name, *_ in runs}
+        print("same profiles count:", len(set(statuses.values())) == 1, statuses)
     finally:
         shutil.rmtree(out, ignore_errors=True)
 

@@ -10,12 +10,15 @@ responses files are rewritten with the same content. A changed file is a new bat
 
 from __future__ import annotations
 
+import contextvars
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from pathlib import Path
 
 from prefect import flow, get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+from prefect.context import FlowRunContext, TaskRunContext
 from prefect.futures import wait
 
 from engagelake import IdempotentResponsesExpired, Response, Workspace
@@ -28,6 +31,7 @@ from engagelake.files import (
     skipped_file,
     write_responses_file,
 )
+from engagelake.rules.profile.reading import TrackInput, TrackReader, joined, read_track, shares_of
 from engagelake.store.compaction import MIN_PART_ROWS, Part, Plan, Written
 from flows._artifacts import record_batches, record_table_rows
 from flows._retry import IO_TASK_OPTIONS, quoted
@@ -46,14 +50,51 @@ def read_requests(path: Path) -> RequestFile:
 
 
 @task(name="apply-batch", **IO_TASK_OPTIONS)
-def apply_batch(workspace: Workspace, batch: RequestFile) -> list[Response] | IdempotentResponsesExpired:
+def apply_batch(workspace: Workspace, batch: RequestFile,
+                reader: TrackReader | None = None) -> list[Response] | IdempotentResponsesExpired:
     """Apply one file's requests as one batch; retrying is safe under the batch's key. A batch
     applied before whose stored responses are gone (retention, erasure) is returned as its
-    error: it is done, not failed."""
+    error: it is done, not failed. `reader` reads the track passes (`shared_reader`)."""
     try:
-        return workspace.apply(batch.iter_requests(), idempotency_key=batch.idempotency_key)
+        return workspace.apply(batch.iter_requests(), idempotency_key=batch.idempotency_key, read_track=reader)
     except IdempotentResponsesExpired as done:
         return done
+
+
+# A pass's requests are shared out only when each share has this much text at least: a task on
+# a cluster costs about 0.26 s of a worker, about what reading 1 MiB of requests takes.
+MIN_SHARE_BYTES = 1 << 20
+
+
+@task(name="read-track-share", task_run_name="read requests {first_req}..", retries=2, retry_delay_seconds=1,
+      cache_policy=NO_CACHE, persist_result=False)
+def read_track_share(texts: Sequence[str], max_updates: int | None, first_req: int) -> TrackInput:
+    """Parse and check one share of a track pass's requests: a pure function of their text, so
+    a retry (a worker lost) reads the same."""
+    return read_track(texts, max_updates, first_req=first_req)
+
+
+def shared_reader(parts: int) -> TrackReader | None:
+    """A reader that splits each track pass's requests into up to `parts` shares of about equal
+    text, read as tasks on the flow's task runner (a `DaskTaskRunner`: its workers), joined in
+    request order. A pass too small to share, or a call outside a flow run, is read here. The
+    rules, identity resolution and the commit stay in the flow's process (docs/scale-out.md)."""
+    if parts <= 1:
+        return None
+
+    def read(texts: Sequence[str], max_updates: int | None) -> TrackInput:
+        bounds = shares_of(texts, parts, MIN_SHARE_BYTES)
+        if len(bounds) <= 1 or FlowRunContext.get() is None:
+            return read_track(texts, max_updates)
+        # submitted as the flow's own tasks: from inside the apply-batch task run, Prefect would
+        # ship that run's parameters (the open workspace) to the workers with each share
+        outside = contextvars.copy_context()
+        outside.run(TaskRunContext.__var__.set, None)  # type: ignore[arg-type]
+        futures = outside.run(lambda: [read_track_share.submit(list(texts[a:b]), max_updates, a)
+                                       for a, b in bounds])
+        return joined([future.result() for future in futures])
+
+    return read
 
 
 @task(name="write-responses", **IO_TASK_OPTIONS)
@@ -69,15 +110,17 @@ def apply_request_files(
     *,
     only: tuple[str, ...] = (),
     flow_name: str | None = None,
+    parts: int = 1,
 ) -> list[AppliedFile]:
     """The body of the batch flows: every file of `folder` as one batch, in name order. With
     `only`, a file holding a request to another path is refused before anything applies. With
     `flow_name`, the run's table artifact (key: the flow name with dashes) lists each file's
-    figures, also when a file stops the run."""
+    figures, also when a file stops the run. With `parts` > 1, each big track pass's requests
+    are read (parsed and checked) in that many shares on the flow's task runner."""
     applied: list[AppliedFile] = []
     failure: BaseException | None = None
     try:
-        _apply_files(folder, store, on_file_applied, only, applied)
+        _apply_files(folder, store, on_file_applied, only, applied, shared_reader(parts))
     except BaseException as error:  # recorded in the artifact, then raised unchanged
         failure = error
         raise
@@ -88,7 +131,7 @@ def apply_request_files(
 
 
 def _apply_files(folder: str, store: str, on_file_applied: Callable[[AppliedFile], None] | None,
-                 only: tuple[str, ...], applied: list[AppliedFile]) -> None:
+                 only: tuple[str, ...], applied: list[AppliedFile], reader: TrackReader | None) -> None:
     logger = get_run_logger()
     workspace = Workspace.open(store)
     for path in find_request_files(folder):
@@ -96,7 +139,7 @@ def _apply_files(folder: str, store: str, on_file_applied: Callable[[AppliedFile
         if only:
             check_paths(batch, only)
         started = time.perf_counter()
-        responses = apply_batch(workspace, quoted(batch))
+        responses = apply_batch(workspace, quoted(batch), quoted(reader))
         seconds = time.perf_counter() - started
         if isinstance(responses, IdempotentResponsesExpired):
             why = f"applied at {responses.committed_at} ({responses.reason} responses are not kept)"
@@ -143,14 +186,20 @@ def track_batch(
     folder: str,
     store: str = "data/store",
     on_file_applied: Callable[[AppliedFile], None] | None = None,
+    parts: int = 1,
 ) -> list[AppliedFile]:
     """Apply every request file of `folder` to the store, one batch per file, in name order.
     Files may interleave every endpoint (track, merge, identify, rename, delete, export, ...).
 
+    With `parts` > 1, each track pass is parsed and checked in up to `parts` shares of at least
+    1 MiB of requests each (`MIN_SHARE_BYTES`), as tasks of their own on the flow's task runner (threads by default; a
+    `DaskTaskRunner` puts them on a Dask cluster's workers); the rest of the batch runs in the
+    flow's process. The responses and the store are the same for any `parts`.
+
     `on_file_applied` is called in-process after each file (the CLI uses it for progress bars);
     it is not stored with the flow run.
     """
-    return apply_request_files(folder, store, on_file_applied, flow_name="track_batch")
+    return apply_request_files(folder, store, on_file_applied, flow_name="track_batch", parts=parts)
 
 
 @flow(name="merge_batch")
@@ -158,9 +207,11 @@ def merge_batch(
     folder: str,
     store: str = "data/store",
     on_file_applied: Callable[[AppliedFile], None] | None = None,
+    parts: int = 1,
 ) -> list[AppliedFile]:
     """Apply files of `/users/merge` requests, one batch per file (safe to re-run)."""
-    return apply_request_files(folder, store, on_file_applied, only=("/users/merge",), flow_name="merge_batch")
+    return apply_request_files(folder, store, on_file_applied, only=("/users/merge",), flow_name="merge_batch",
+                               parts=parts)
 
 
 @flow(name="identify_batch")
@@ -168,10 +219,11 @@ def identify_batch(
     folder: str,
     store: str = "data/store",
     on_file_applied: Callable[[AppliedFile], None] | None = None,
+    parts: int = 1,
 ) -> list[AppliedFile]:
     """Apply files of `/users/identify` requests, one batch per file (safe to re-run)."""
     return apply_request_files(folder, store, on_file_applied, only=("/users/identify",),
-                               flow_name="identify_batch")
+                               flow_name="identify_batch", parts=parts)
 
 
 @task(name="compact", **IO_TASK_OPTIONS)

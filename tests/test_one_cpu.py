@@ -14,6 +14,7 @@ import pytest
 from engagelake import Workspace, cpus
 from engagelake import workspace as workspace_module
 from engagelake.rules import duck
+from engagelake.rules.profile import reading
 
 
 def _run_cpus() -> set[int]:
@@ -135,7 +136,7 @@ def test_duckdb_runs_in_the_pinned_thread():
 def _spy_on_passes(monkeypatch) -> list[bool]:
     """Whether each track pass ran pinned (the real parse runs)."""
     seen: list[bool] = []
-    real = workspace_module.parse_track
+    real = reading.parse_track
 
     def parse(bodies):
         pinned = cpus.pinned()
@@ -143,7 +144,7 @@ def _spy_on_passes(monkeypatch) -> list[bool]:
         seen.append(pinned)
         return real(bodies)
 
-    monkeypatch.setattr(workspace_module, "parse_track", parse)
+    monkeypatch.setattr(reading, "parse_track", parse)
     return seen
 
 

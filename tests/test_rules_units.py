@@ -17,7 +17,7 @@ from tests.test_apply_equals_call import (
 )
 
 from engagelake.rules import messages as M
-from engagelake.rules.profile import attributes, parse
+from engagelake.rules.profile import attributes, parse, reading
 from engagelake.rules.profile.attributes import attribute_errors, fold_attributes
 from engagelake.rules.profile.validate import (
     normalize_email,
@@ -231,6 +231,26 @@ def test_parsing_in_chunks_equals_parsing_at_once(monkeypatch: pytest.MonkeyPatc
         chunked = parse.parse_track(bodies)
         for name in ("requests", "objects", "pairs", "tokens", "groups"):
             assert_frame_equal(getattr(chunked, name), getattr(whole, name))
+
+
+def test_reading_a_pass_in_shares_equals_reading_it_whole() -> None:
+    """A flow's workers read a pass's requests in shares (`rules.profile.reading`): the shares
+    read apart, each numbered from its first request, then joined, give the frames of one read,
+    `seq` numbering included, with requests refused whole (which take no `seq`) in any share."""
+    texts = [orjson.dumps(r.get("body")).decode()
+             for r in IDENTITIES_AND_ATTRIBUTES + PUSH_AND_SUBSCRIPTIONS + EVENTS_AND_PURCHASES
+             if r["path"] == "/users/track"]
+    too_many = orjson.dumps({"attributes": [{"external_id": f"x{i}"} for i in range(76)]}).decode()
+    texts[3:3] = [too_many, "[1, 2]"]
+    texts += ['{"attributes": 3}', '{"events": [1, {"name": "x"}]}', too_many, "null"]
+    whole = reading.read_track(texts, 10)
+    assert whole.valid.fatal.height >= 3 and whole.parsed.objects.height > 20
+    for cuts in ([1], [4, 5], [2, 9, 10, len(texts) - 1], list(range(1, len(texts)))):
+        bounds = list(zip([0, *cuts], [*cuts, len(texts)], strict=True))
+        shares = reading.joined([reading.read_track(texts[a:b], 10, first_req=a) for a, b in bounds])
+        for part in ("parsed", "valid"):
+            for name, frame in vars(getattr(whole, part)).items():
+                assert_frame_equal(getattr(getattr(shares, part), name), frame, check_dtypes=True)
 
 
 def test_parse_reads_types_nulls_and_operations_of_awkward_values() -> None:

@@ -1,5 +1,5 @@
-"""Bulk export and compaction in parts: the same files and tables whatever the parts, the task
-runner or the processes (issue 13). The parts run as Prefect tasks, in threads by default and on a real Dask
+"""Bulk export, compaction and track passes in parts: the same files, tables and responses
+whatever the parts, the task runner or the processes (issue 13). The parts run as Prefect tasks, in threads by default and on a real Dask
 `LocalCluster` of worker processes with a `DaskTaskRunner`."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import polars as pl
 import pytest
@@ -23,13 +24,14 @@ from tests.test_flows import workload
 from tests.test_model_property import SEED, clock, engine_settings, request_sequences
 
 from engagelake import Workspace, workspace
-from engagelake.demo import generate_workload
+from engagelake.demo import generate_workload, write_request_files
 from engagelake.errors import StoreError
 from engagelake.files import read_responses_file
 from engagelake.rules.messages import EXPORT_FIELDS
 from engagelake.store import delta
 from engagelake.tables.schema import INDEXES, TABLES
 from flows import export_batch as export_batch_flows
+from flows import track_batch as track_batch_flows
 from flows.export_batch import ExportResult, export_all, export_batch
 from flows.track_batch import compact_store, publish_current, track_batch
 
@@ -200,11 +202,16 @@ def test_random_stores_export_on_a_dask_cluster_as_in_one_process(
 
 
 @pytest.mark.slow
-def test_the_flows_run_unchanged_on_a_dask_cluster_over_s3(s3: Any, cluster: LocalCluster, tmp_path: Path) -> None:
+def test_the_flows_run_unchanged_on_a_dask_cluster_over_s3(s3: Any, cluster: LocalCluster, tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """`track_batch`, `compact_store`, `publish_current` and `export_batch` given a
     `DaskTaskRunner` and a store on moto's S3 answer and leave the store as with the default
-    runner on another store (their tasks run in the flow: each batch is one process's)."""
+    runner on another store. `track_batch(parts=2)` reads its passes' requests in the workers;
+    the rest of each batch runs in the flow's process."""
     runner = DaskTaskRunner(address=cluster.scheduler_address)
+    monkeypatch.setattr(track_batch_flows, "MIN_SHARE_BYTES", 1)
+    with Client(cluster) as client:
+        before = client.run(lambda dask_worker: dask_worker.state.transition_counter)
     stores = {"default": s3(), "dask": s3()}
     fields = [f for f in EXPORT_FIELDS if f not in ("service_id", "created_at", "random_bucket")]  # the store's own
     applied = {}
@@ -212,7 +219,12 @@ def test_the_flows_run_unchanged_on_a_dask_cluster_over_s3(s3: Any, cluster: Loc
         folder = tmp_path / name
         workload(folder / "requests")
         run = (lambda flow: flow) if name == "default" else (lambda flow: flow.with_options(task_runner=runner))
-        applied[name] = [(a.path.name, a.statuses, a.errors) for a in run(track_batch)(str(folder / "requests"), uri)]
+        applied[name] = [(a.path.name, a.statuses, a.errors)
+                         for a in run(track_batch)(str(folder / "requests"), uri, parts=1 if name == "default" else 2)]
+        if name == "dask":
+            with Client(cluster) as client:
+                after = client.run(lambda dask_worker: dask_worker.state.transition_counter)
+            assert all(after[w] > before[w] for w in after), (before, after)  # both workers read shares
         assert run(compact_store)(uri)["profiles"] > 0
         assert run(publish_current)(uri)["profiles"] > 0
         (folder / "ids.txt").write_text("user-000001\nuser-000002\nnobody\n")
@@ -415,3 +427,88 @@ def test_random_stores_compact_in_parts_as_in_one_piece(
     ws.compact()
     compact_in_parts(folder / "many", parts)
     assert_same_store(folder / "many", folder / "one")
+
+
+# --- track passes read in shares --------------------------------------------------------------
+
+
+def _files_with_refusals(folder: Path) -> list[Path]:
+    """The flows' generated workload with requests refused whole (too many objects, not an
+    object, a wrong type) and objects refused alone among them, in files of 40 requests."""
+    reqs = list(generate_workload(60, 900, seed=3, now=NOW))
+    refused = [
+        {"method": "POST", "path": "/users/track",
+         "body": {"attributes": [{"external_id": f"x{i}", "plan": "free"} for i in range(76)]}},
+        {"method": "POST", "path": "/users/track", "body": [1, 2]},
+        {"method": "POST", "path": "/users/track", "body": {"attributes": 3}},
+        {"method": "POST", "path": "/users/track",
+         "body": {"events": [1, {"name": "x"}, {"external_id": "user-000001", "name": "ok", "time": "2026-11-01T00:00:00Z"}]}},
+    ]
+    for n, request in enumerate(refused):
+        reqs.insert(7 + 23 * n, request)
+    return write_request_files(reqs, folder, 40)
+
+
+def _track_in_shares(flow: Any, folder: Path, store: Path | str, parts: int) -> list[tuple[str, Any, Any]]:
+    """Run `flow` over `folder` with shares of any size and passes of 3 requests (a full pass
+    is read while the one before it is applied, in a thread that submits its shares)."""
+    with mock.patch.object(track_batch_flows, "MIN_SHARE_BYTES", 1), mock.patch.object(workspace, "_now", lambda: NOW), \
+            mock.patch.object(workspace, "TRACK_RUN_MAX", 3):
+        return [(a.path.name, a.statuses, a.errors) for a in flow(str(folder), str(store), parts=parts)]
+
+
+def _same_responses(got: Path, want: Path) -> None:
+    files = sorted(p.name for p in want.glob("*.responses.ndjson"))
+    assert files and files == sorted(p.name for p in got.glob("*.responses.ndjson"))
+    for name in files:
+        assert read_responses_file(got / name) == read_responses_file(want / name), name
+
+
+def test_a_track_batch_read_in_shares_equals_one_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`track_batch(parts=3)`: each pass's requests parsed and checked in three shares, as tasks
+    (threads of the flow's process here), then joined; a share's first read fails and it is
+    read again. The responses and the store are those of `parts=1`."""
+    for name in ("one", "shares"):
+        _files_with_refusals(tmp_path / name / "requests")
+        Workspace.open(tmp_path / name / "store", clock=lambda: NOW, seed="shares")
+    one = _track_in_shares(track_batch, tmp_path / "one" / "requests", tmp_path / "one" / "store", 1)
+    real = track_batch_flows.read_track
+    shares: list[tuple[int, str]] = []  # (its first request in the pass, that request's text)
+    failed: list[tuple[int, str]] = []
+
+    def flaky(texts: Any, max_updates: int | None, *, first_req: int = 0) -> Any:
+        shares.append((first_req, texts[0]))
+        if first_req > 0 and not failed:
+            failed.append(shares[-1])
+            raise ConnectionResetError("the worker went away")
+        return real(texts, max_updates, first_req=first_req)
+
+    monkeypatch.setattr(track_batch_flows, "read_track", flaky)
+    many = _track_in_shares(track_batch, tmp_path / "shares" / "requests", tmp_path / "shares" / "store", 3)
+    assert many == one
+    assert len([s for s in shares if s[0] > 0]) >= 2 * len(one)  # every file's passes in shares
+    assert shares.count(failed[0]) == 2  # the share that failed was read again
+    _same_responses(tmp_path / "shares" / "requests", tmp_path / "one" / "requests")
+    assert_same_store(tmp_path / "shares" / "store", tmp_path / "one" / "store")
+
+
+@pytest.mark.slow
+@engine_settings(6)
+@given(reqs=request_sequences, parts=st.integers(2, 4))
+def test_random_track_batches_read_in_shares_on_a_dask_cluster_as_in_one_process(
+        tmp_path_factory: pytest.TempPathFactory, cluster: LocalCluster, reqs: list[dict[str, Any]], parts: int) -> None:
+    """Random sequences of track, merge, identify, rename, alias and delete requests (the model
+    test's), as one request file: `track_batch(parts=...)` with the passes' requests read in
+    shares on two Dask worker processes answers and leaves the store as `parts=1` in the flow's
+    process."""
+    folder = tmp_path_factory.mktemp("random-shares")
+    runner = DaskTaskRunner(address=cluster.scheduler_address)
+    for name in ("one", "shares"):
+        write_request_files(copy.deepcopy(reqs), folder / name / "requests", len(reqs))
+        Workspace.open(folder / name / "store", clock=clock, seed=SEED).apply(many_users(150))
+    one = _track_in_shares(track_batch, folder / "one" / "requests", folder / "one" / "store", 1)
+    many = _track_in_shares(track_batch.with_options(task_runner=runner), folder / "shares" / "requests",
+                            folder / "shares" / "store", parts)
+    assert many == one
+    _same_responses(folder / "shares" / "requests", folder / "one" / "requests")
+    assert_same_store(folder / "shares" / "store", folder / "one" / "store")

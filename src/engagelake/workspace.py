@@ -8,6 +8,7 @@ reads (exports see every earlier request of the batch), then commits the batch a
 from __future__ import annotations
 
 import collections
+import contextvars
 import dataclasses
 import functools
 import hashlib
@@ -67,9 +68,9 @@ from engagelake.rules.export import export_frame, export_ids
 from engagelake.rules.identity.cleanup import cleanup_push_profiles
 from engagelake.rules.identity.endpoints import IDENTITY_PATHS, apply_identity
 from engagelake.rules.identity.lineage import lineage_rows
-from engagelake.rules.profile.parse import named_external_ids, parse_track, without_requests
+from engagelake.rules.profile.parse import named_external_ids
+from engagelake.rules.profile.reading import TrackInput, TrackReader, read_track
 from engagelake.rules.profile.track import apply_track
-from engagelake.rules.profile.validate import validate_track
 from engagelake.rules.state import Changes, State, apply_changes
 from engagelake.store import objects, scratch
 from engagelake.store.ahead import ReadAhead
@@ -469,6 +470,8 @@ class _Batch:
                  before_big: Callable[[], None] = lambda: None, max_updates: int | None = None,
                  release_cpu: Callable[[], None] = lambda: None):
         self._state = state
+        # how track passes read their requests: in this process, or shared out (`apply`)
+        self.read_track: TrackReader = read_track
         # the last pass's changes, until the state is next read: a pass that is staged next
         # never needs them folded into the rows in memory (`_stage`)
         self._unapplied: tuple[Changes, int, int] | None = None
@@ -488,6 +491,8 @@ class _Batch:
         # a batch runs on one CPU while its passes are small (`cpus.py`); a big one wants them all
         self._release_cpu = release_cpu
         self._ahead: Future[ReadAhead] | None = None  # rows being read ahead (`read_ahead`)
+        self._ahead_first = 0  # ... from the pass that starts with this request
+        self._reading: tuple[list[tuple[int, str]], Future[TrackInput]] | None = None  # a full pass being read
 
     @property
     def state(self) -> State:
@@ -509,28 +514,39 @@ class _Batch:
     def track(self, body: dict[str, Any]) -> Response:
         self.flush()
         out: list[Response | None] = [None]
-        self._track_pass([(0, orjson.dumps(body).decode())], out)
+        text = orjson.dumps(body).decode()
+        self._track_pass([(0, text)], out, self.read_track([text], self.max_updates))
         assert out[0] is not None
         return out[0]
 
     def add(self, i: int, kind: str, text: str) -> None:
         if self.pending and (kind != self.pending_kind or len(self.pending) >= TRACK_RUN_MAX):
-            self.flush()
+            self.flush(more=kind == self.pending_kind == "track")
         self.pending_kind = kind
         self.pending.append((i, text))
 
-    def flush(self, *, last: bool = False) -> None:
+    def flush(self, *, last: bool = False, more: bool = False) -> None:
         """Apply the pending run as one pass (`last`: the batch's final pass, which
-        `to_commit` stages or not)."""
-        if not self.pending:
-            return
+        `to_commit` stages or not). A full track pass that `more` track requests follow is
+        read (parsed and checked) while the pass before it is applied, and applied at the
+        next flush: the same passes in the same order, the reading of one beside the rules of
+        the other."""
         pending, self.pending = self.pending, []
+        if more and pending and len(pending) >= TRACK_RUN_MAX:
+            self._big()
+            reading = self._start_reading(pending)
+            self._finish_reading(stage=True)
+            self._reading = reading
+            return
+        self._finish_reading(stage=not last or bool(pending))
+        if not pending:
+            return
         if len(pending) >= TRACK_RUN_MAX:
             self._big()
         if sum(len(text) for _, text in pending) > ONE_CPU_PASS_BYTES:  # a step a request, not an object
             self._release_cpu()
         if self.pending_kind == "track":
-            self._track_pass(pending, self.responses)
+            self._track_pass(pending, self.responses, self.read_track([text for _, text in pending], self.max_updates))
         else:
             outcome = apply_identity(self.state, self.pending_kind, pending, clock=self.clock, seed=self.seed,
                                      batch=self.batch_id)
@@ -539,6 +555,21 @@ class _Batch:
             self.write(outcome.changes, next_profile_n=outcome.next_profile_n,
                        next_update_seq=outcome.next_update_seq)
         if not last:
+            self._stage_when_big()
+
+    def _start_reading(self, pending: list[tuple[int, str]]) -> tuple[list[tuple[int, str]], Future[TrackInput]]:
+        # in the caller's context: a flow's reader submits its shares as the flow's tasks
+        context = contextvars.copy_context()
+        return pending, _reading_pool().submit(context.run, self.read_track, [text for _, text in pending],
+                                               self.max_updates)
+
+    def _finish_reading(self, *, stage: bool) -> None:
+        """Apply the track pass being read, if any (`stage`: stage its changes when many)."""
+        if self._reading is None:
+            return
+        (pending, future), self._reading = self._reading, None
+        self._track_pass(pending, self.responses, future.result())
+        if stage:
             self._stage_when_big()
 
     def _big(self) -> None:
@@ -596,8 +627,9 @@ class _Batch:
                 self.stages)
 
     def close(self) -> None:
-        if self._ahead is not None:  # a failed batch's rows still being read: let the reader end
-            wait_for([self._ahead])
+        # a failed batch's rows or requests still being read: let the readers end
+        running: list[Future[Any]] = [f for f in (self._ahead, self._reading and self._reading[1]) if f]
+        wait_for(running)
         if self.stages is not None:
             self.stages.remove()
 
@@ -626,10 +658,13 @@ class _Batch:
             return ahead
 
         self._ahead = _ahead_pool().submit(load)
+        self._ahead_first = self.pending[0][0] if self.pending else 0
 
-    def _take_ahead(self) -> None:
-        """From now on, read stored rows through the rows read ahead, once they are read."""
-        if self._ahead is None:
+    def _take_ahead(self, first: int) -> None:
+        """From now on, read stored rows through the rows read ahead, once they are read: the
+        pass starting with request `first` waits for them if they were read for it or a pass
+        before it; a pass before that (applied while the next is read) takes them if ready."""
+        if self._ahead is None or (first < self._ahead_first and not self._ahead.done()):
             return
         future, self._ahead = self._ahead, None
         ahead = future.result()
@@ -637,17 +672,9 @@ class _Batch:
         source = ahead if self.stages is None else StagedSource(ahead, self.stages)
         self._state = dataclasses.replace(self._state, source=source)
 
-    def _track_pass(self, pending: list[tuple[int, str]], responses: list[Response | None]) -> None:
-        bodies = pa.table({
-            "req": pa.array(range(len(pending)), pa.int64()),
-            "body": [text for _, text in pending],
-        })
-        parsed = parse_track(bodies)
-        valid = validate_track(parsed, max_updates=self.max_updates)
-        if valid.fatal.height:  # refused requests take no sequence numbers: validate the rest again
-            parsed = without_requests(parsed, valid.fatal["req"])
-            valid = dataclasses.replace(validate_track(parsed, max_updates=self.max_updates), fatal=valid.fatal)
-        self._take_ahead()
+    def _track_pass(self, pending: list[tuple[int, str]], responses: list[Response | None], read: TrackInput) -> None:
+        parsed, valid = read.parsed, read.valid
+        self._take_ahead(pending[0][0])
         outcome = apply_track(self.state, parsed, valid, clock=self.clock, seed=self.seed)
         for req, (status, body) in outcome.responses.items():
             responses[pending[req][0]] = Response(status, body)
@@ -657,6 +684,11 @@ class _Batch:
 @functools.cache
 def _ahead_pool() -> ThreadPoolExecutor:
     return ThreadPoolExecutor(max_workers=1, thread_name_prefix="engagelake-ahead")
+
+
+@functools.cache
+def _reading_pool() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="engagelake-reading")
 
 
 class Workspace:
@@ -787,12 +819,17 @@ class Workspace:
         return self.apply([{"method": method, "path": path, "body": body, "query": query}])[0]
 
     @_store_errors
-    def apply(self, requests: Iterable[dict[str, Any]], *, idempotency_key: str | None = None) -> list[Response]:
+    def apply(self, requests: Iterable[dict[str, Any]], *, idempotency_key: str | None = None,
+              read_track: TrackReader | None = None) -> list[Response]:
         """Apply many requests in order, as one atomic batch; same result as one by one.
 
         `requests` may be any iterable, a generator too: it is read once, as the batch runs,
         and the batch keeps each track or identity request as its JSON text only (a retry after
-        another writer's commit replays those), so a big batch need not exist as dicts."""
+        another writer's commit replays those), so a big batch need not exist as dicts.
+
+        `read_track` reads each track pass's request texts (parse and static checks) instead of
+        this process: a flow shares them out to its task runner's workers (`flows/track_batch.py`).
+        It must answer as `rules.profile.reading.read_track` does."""
         source = iter(requests)
         seen = _Seen()
         digest = hashlib.sha256()  # of the requests, for a keyed batch
@@ -818,8 +855,12 @@ class Workspace:
                         raise IdempotentResponsesExpired(idempotency_key, stored.committed_at,
                                                          stored.dropped or "expired")
                     return [Response(s, b) for s, b in stored.responses]
-            return self._run_batch(lambda batch: self._dispatch(batch, _Ahead(routed(), seen)), idempotency_key,
-                                   digest=digest.hexdigest, small_on_one_cpu=True)
+            def body(batch: _Batch) -> None:
+                if read_track is not None:
+                    batch.read_track = read_track
+                self._dispatch(batch, _Ahead(routed(), seen))
+
+            return self._run_batch(body, idempotency_key, digest=digest.hexdigest, small_on_one_cpu=True)
 
         with seen:
             return self._retrying(attempt)
