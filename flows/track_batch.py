@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from pathlib import Path
+from typing import TypeVar
 
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
@@ -61,6 +62,8 @@ def apply_batch(workspace: Workspace, batch: RequestFile,
         return done
 
 
+T = TypeVar("T")
+
 # A pass's requests are shared out only when each share has this much text at least: a task on
 # a cluster costs about 0.26 s of a worker, about what reading 1 MiB of requests takes.
 MIN_SHARE_BYTES = 1 << 20
@@ -72,6 +75,19 @@ def read_track_share(texts: Sequence[str], max_updates: int | None, first_req: i
     """Parse and check one share of a track pass's requests: a pure function of their text, so
     a retry (a worker lost) reads the same."""
     return read_track(texts, max_updates, first_req=first_req)
+
+
+def _bare(submit: Callable[[], T]) -> T:
+    """Run `submit` (task submissions) in a copy of the context without the parameters of the
+    task and the flow run it is called from: Prefect ships the current runs' contexts with every
+    task it submits to a cluster, and those parameters hold the open workspace and the flow's
+    callbacks, which do not travel. The tasks are the flow run's own."""
+    outside = contextvars.copy_context()
+    flow_run = FlowRunContext.get()
+    if flow_run is not None:
+        outside.run(FlowRunContext.__var__.set, flow_run.model_copy(update={"parameters": {}}))
+    outside.run(TaskRunContext.__var__.set, None)  # type: ignore[arg-type]
+    return outside.run(submit)
 
 
 def shared_reader(parts: int) -> TrackReader | None:
@@ -86,12 +102,7 @@ def shared_reader(parts: int) -> TrackReader | None:
         bounds = shares_of(texts, parts, MIN_SHARE_BYTES)
         if len(bounds) <= 1 or FlowRunContext.get() is None:
             return read_track(texts, max_updates)
-        # submitted as the flow's own tasks: from inside the apply-batch task run, Prefect would
-        # ship that run's parameters (the open workspace) to the workers with each share
-        outside = contextvars.copy_context()
-        outside.run(TaskRunContext.__var__.set, None)  # type: ignore[arg-type]
-        futures = outside.run(lambda: [read_track_share.submit(list(texts[a:b]), max_updates, a)
-                                       for a, b in bounds])
+        futures = _bare(lambda: [read_track_share.submit(list(texts[a:b]), max_updates, a) for a, b in bounds])
         return joined([future.result() for future in futures])
 
     return read

@@ -244,13 +244,23 @@ def test_reading_a_pass_in_shares_equals_reading_it_whole() -> None:
     texts[3:3] = [too_many, "[1, 2]"]
     texts += ['{"attributes": 3}', '{"events": [1, {"name": "x"}]}', too_many, "null"]
     whole = reading.read_track(texts, 10)
-    assert whole.valid.fatal.height >= 3 and whole.parsed.objects.height > 20
+    assert whole.valid.fatal.height >= 3 and whole.objects > 20
     for cuts in ([1], [4, 5], [2, 9, 10, len(texts) - 1], list(range(1, len(texts)))):
         bounds = list(zip([0, *cuts], [*cuts, len(texts)], strict=True))
         shares = reading.joined([reading.read_track(texts[a:b], 10, first_req=a) for a, b in bounds])
-        for part in ("parsed", "valid"):
-            for name, frame in vars(getattr(whole, part)).items():
-                assert_frame_equal(getattr(getattr(shares, part), name), frame, check_dtypes=True)
+        assert shares.objects == whole.objects
+        assert_frame_equal(shares.requests, whole.requests)
+        for name, frame in vars(whole.valid).items():
+            assert_frame_equal(getattr(shares.valid, name), frame)
+
+
+def test_shares_are_runs_of_about_equal_text_each_long_enough() -> None:
+    assert reading.shares_of(["aaa"] * 4, 2, 1) == [(0, 2), (2, 4)]
+    assert reading.shares_of(["a"] * 10, 3, 1) == [(0, 4), (4, 7), (7, 10)]
+    assert reading.shares_of(["a"] * 10, 3, 100) == [(0, 10)]  # too short to share
+    assert reading.shares_of(["a" * 3000] + ["b" * 600] * 4, 4, 1000) == [(0, 1), (1, 3), (3, 5)]
+    assert reading.shares_of(["x" * 10_000, "y", "y", "y"], 4, 1000) == [(0, 4)]  # no share of 3 bytes
+    assert reading.shares_of([], 4, 1) == [(0, 0)]
 
 
 def test_parse_reads_types_nulls_and_operations_of_awkward_values() -> None:

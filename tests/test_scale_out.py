@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import shutil
+import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
@@ -219,8 +220,16 @@ def test_the_flows_run_unchanged_on_a_dask_cluster_over_s3(s3: Any, cluster: Loc
         folder = tmp_path / name
         workload(folder / "requests")
         run = (lambda flow: flow) if name == "default" else (lambda flow: flow.with_options(task_runner=runner))
-        applied[name] = [(a.path.name, a.statuses, a.errors)
-                         for a in run(track_batch)(str(folder / "requests"), uri, parts=1 if name == "default" else 2)]
+        seen: list[str] = []
+        lock = threading.Lock()
+
+        def progress(applied: Any, lock: Any = lock, seen: list[str] = seen) -> None:
+            with lock:  # as the CLI's progress bars: a callback that cannot travel to a worker
+                seen.append(applied.path.name)
+
+        applied[name] = [(a.path.name, a.statuses, a.errors) for a in run(track_batch)(
+            str(folder / "requests"), uri, on_file_applied=progress, parts=1 if name == "default" else 2)]
+        assert seen == [name for name, _, _ in applied[name]]
         if name == "dask":
             with Client(cluster) as client:
                 after = client.run(lambda dask_worker: dask_worker.state.transition_counter)

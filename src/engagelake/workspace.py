@@ -8,7 +8,6 @@ reads (exports see every earlier request of the batch), then commits the batch a
 from __future__ import annotations
 
 import collections
-import contextvars
 import dataclasses
 import functools
 import hashlib
@@ -69,7 +68,7 @@ from engagelake.rules.identity.cleanup import cleanup_push_profiles
 from engagelake.rules.identity.endpoints import IDENTITY_PATHS, apply_identity
 from engagelake.rules.identity.lineage import lineage_rows
 from engagelake.rules.profile.parse import named_external_ids
-from engagelake.rules.profile.reading import TrackInput, TrackReader, read_track
+from engagelake.rules.profile.reading import TrackReader, read_track
 from engagelake.rules.profile.track import apply_track
 from engagelake.rules.state import Changes, State, apply_changes
 from engagelake.store import objects, scratch
@@ -491,8 +490,6 @@ class _Batch:
         # a batch runs on one CPU while its passes are small (`cpus.py`); a big one wants them all
         self._release_cpu = release_cpu
         self._ahead: Future[ReadAhead] | None = None  # rows being read ahead (`read_ahead`)
-        self._ahead_first = 0  # ... from the pass that starts with this request
-        self._reading: tuple[list[tuple[int, str]], Future[TrackInput]] | None = None  # a full pass being read
 
     @property
     def state(self) -> State:
@@ -514,39 +511,28 @@ class _Batch:
     def track(self, body: dict[str, Any]) -> Response:
         self.flush()
         out: list[Response | None] = [None]
-        text = orjson.dumps(body).decode()
-        self._track_pass([(0, text)], out, self.read_track([text], self.max_updates))
+        self._track_pass([(0, orjson.dumps(body).decode())], out)
         assert out[0] is not None
         return out[0]
 
     def add(self, i: int, kind: str, text: str) -> None:
         if self.pending and (kind != self.pending_kind or len(self.pending) >= TRACK_RUN_MAX):
-            self.flush(more=kind == self.pending_kind == "track")
+            self.flush()
         self.pending_kind = kind
         self.pending.append((i, text))
 
-    def flush(self, *, last: bool = False, more: bool = False) -> None:
+    def flush(self, *, last: bool = False) -> None:
         """Apply the pending run as one pass (`last`: the batch's final pass, which
-        `to_commit` stages or not). A full track pass that `more` track requests follow is
-        read (parsed and checked) while the pass before it is applied, and applied at the
-        next flush: the same passes in the same order, the reading of one beside the rules of
-        the other."""
+        `to_commit` stages or not)."""
+        if not self.pending:
+            return
         pending, self.pending = self.pending, []
-        if more and pending and len(pending) >= TRACK_RUN_MAX:
-            self._big()
-            reading = self._start_reading(pending)
-            self._finish_reading(stage=True)
-            self._reading = reading
-            return
-        self._finish_reading(stage=not last or bool(pending))
-        if not pending:
-            return
         if len(pending) >= TRACK_RUN_MAX:
             self._big()
         if sum(len(text) for _, text in pending) > ONE_CPU_PASS_BYTES:  # a step a request, not an object
             self._release_cpu()
         if self.pending_kind == "track":
-            self._track_pass(pending, self.responses, self.read_track([text for _, text in pending], self.max_updates))
+            self._track_pass(pending, self.responses)
         else:
             outcome = apply_identity(self.state, self.pending_kind, pending, clock=self.clock, seed=self.seed,
                                      batch=self.batch_id)
@@ -555,21 +541,6 @@ class _Batch:
             self.write(outcome.changes, next_profile_n=outcome.next_profile_n,
                        next_update_seq=outcome.next_update_seq)
         if not last:
-            self._stage_when_big()
-
-    def _start_reading(self, pending: list[tuple[int, str]]) -> tuple[list[tuple[int, str]], Future[TrackInput]]:
-        # in the caller's context: a flow's reader submits its shares as the flow's tasks
-        context = contextvars.copy_context()
-        return pending, _reading_pool().submit(context.run, self.read_track, [text for _, text in pending],
-                                               self.max_updates)
-
-    def _finish_reading(self, *, stage: bool) -> None:
-        """Apply the track pass being read, if any (`stage`: stage its changes when many)."""
-        if self._reading is None:
-            return
-        (pending, future), self._reading = self._reading, None
-        self._track_pass(pending, self.responses, future.result())
-        if stage:
             self._stage_when_big()
 
     def _big(self) -> None:
@@ -627,9 +598,8 @@ class _Batch:
                 self.stages)
 
     def close(self) -> None:
-        # a failed batch's rows or requests still being read: let the readers end
-        running: list[Future[Any]] = [f for f in (self._ahead, self._reading and self._reading[1]) if f]
-        wait_for(running)
+        if self._ahead is not None:  # a failed batch's rows still being read: let the reader end
+            wait_for([self._ahead])
         if self.stages is not None:
             self.stages.remove()
 
@@ -658,13 +628,10 @@ class _Batch:
             return ahead
 
         self._ahead = _ahead_pool().submit(load)
-        self._ahead_first = self.pending[0][0] if self.pending else 0
 
-    def _take_ahead(self, first: int) -> None:
-        """From now on, read stored rows through the rows read ahead, once they are read: the
-        pass starting with request `first` waits for them if they were read for it or a pass
-        before it; a pass before that (applied while the next is read) takes them if ready."""
-        if self._ahead is None or (first < self._ahead_first and not self._ahead.done()):
+    def _take_ahead(self) -> None:
+        """From now on, read stored rows through the rows read ahead, once they are read."""
+        if self._ahead is None:
             return
         future, self._ahead = self._ahead, None
         ahead = future.result()
@@ -672,10 +639,10 @@ class _Batch:
         source = ahead if self.stages is None else StagedSource(ahead, self.stages)
         self._state = dataclasses.replace(self._state, source=source)
 
-    def _track_pass(self, pending: list[tuple[int, str]], responses: list[Response | None], read: TrackInput) -> None:
-        parsed, valid = read.parsed, read.valid
-        self._take_ahead(pending[0][0])
-        outcome = apply_track(self.state, parsed, valid, clock=self.clock, seed=self.seed)
+    def _track_pass(self, pending: list[tuple[int, str]], responses: list[Response | None]) -> None:
+        read = self.read_track([text for _, text in pending], self.max_updates)
+        self._take_ahead()
+        outcome = apply_track(self.state, read, clock=self.clock, seed=self.seed)
         for req, (status, body) in outcome.responses.items():
             responses[pending[req][0]] = Response(status, body)
         self.write(outcome.changes, next_profile_n=outcome.next_profile_n, next_update_seq=outcome.next_update_seq)
@@ -684,11 +651,6 @@ class _Batch:
 @functools.cache
 def _ahead_pool() -> ThreadPoolExecutor:
     return ThreadPoolExecutor(max_workers=1, thread_name_prefix="engagelake-ahead")
-
-
-@functools.cache
-def _reading_pool() -> ThreadPoolExecutor:
-    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="engagelake-reading")
 
 
 class Workspace:

@@ -16,13 +16,19 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
-from engagelake.rules.profile.parse import ParsedTrack, parse_track, without_requests
+from engagelake.rules.profile.parse import parse_track, without_requests
 from engagelake.rules.profile.validate import ValidTrack, validate_track
 
 
 @dataclass(frozen=True)
 class TrackInput:
-    parsed: ParsedTrack
+    """What the rules take of a read pass: the parse's request rows (`req`, the arrays' types),
+    how many objects it numbered (`seq` 0..objects-1) and the checked operation tables. The
+    parse's own frames go once checked: a pass's objects with every field as text are several
+    times the tables the rules read, and a worker ships back only these."""
+
+    requests: pl.DataFrame
+    objects: int
     valid: ValidTrack
 
 
@@ -44,7 +50,7 @@ def read_track(texts: Sequence[str], max_updates: int | None = None, *, first_re
     if valid.fatal.height:  # validate the rest again, without the refused requests' objects
         parsed = without_requests(parsed, valid.fatal["req"])
         valid = dataclasses.replace(validate_track(parsed, max_updates=max_updates), fatal=valid.fatal)
-    return TrackInput(parsed, dataclasses.replace(valid, fatal=valid.fatal.sort("req")))
+    return TrackInput(parsed.requests, parsed.objects.height, dataclasses.replace(valid, fatal=valid.fatal.sort("req")))
 
 
 def joined(parts: Sequence[TrackInput]) -> TrackInput:
@@ -54,17 +60,15 @@ def joined(parts: Sequence[TrackInput]) -> TrackInput:
         return parts[0]
     shifts = [0]
     for part in parts[:-1]:
-        shifts.append(shifts[-1] + part.parsed.objects.height)
+        shifts.append(shifts[-1] + part.objects)
 
     def concat(frames: list[pl.DataFrame]) -> pl.DataFrame:
         return pl.concat([f.with_columns(pl.col("seq") + s) if "seq" in f.columns and s else f
                           for f, s in zip(frames, shifts, strict=True)])
 
-    def frames(field_of: Callable[[TrackInput], object]) -> dict[str, pl.DataFrame]:
-        names = [f.name for f in dataclasses.fields(field_of(parts[0]))]  # type: ignore[arg-type]
-        return {name: concat([getattr(field_of(p), name) for p in parts]) for name in names}
-
-    return TrackInput(ParsedTrack(**frames(lambda p: p.parsed)), ValidTrack(**frames(lambda p: p.valid)))
+    valid = ValidTrack(**{f.name: concat([getattr(p.valid, f.name) for p in parts])
+                          for f in dataclasses.fields(ValidTrack)})
+    return TrackInput(pl.concat([p.requests for p in parts]), sum(p.objects for p in parts), valid)
 
 
 def shares_of(texts: Sequence[str], most: int, min_bytes: int) -> list[tuple[int, int]]:
@@ -75,7 +79,15 @@ def shares_of(texts: Sequence[str], most: int, min_bytes: int) -> list[tuple[int
     if shares <= 1:
         return [(0, len(texts))]
     sums = np.cumsum(sizes)
-    # each run ends at the text that reaches its share of the total
-    reached = np.unique(np.searchsorted(sums, sums[-1] * np.arange(1, shares) / shares) + 1)
-    ends = [int(e) for e in reached if e < len(texts)] + [len(texts)]
+    total = int(sums[-1])
+    # each run ends at the text that reaches its share of the total; a cut that would leave a
+    # run (before it or after it) shorter than `min_bytes` is not made (one long text)
+    reached = np.unique(np.searchsorted(sums, total * np.arange(1, shares) / shares) + 1)
+    ends: list[int] = []
+    for end in reached.tolist():
+        done = int(sums[end - 1])
+        if end < len(texts) and done - (int(sums[ends[-1] - 1]) if ends else 0) >= min_bytes \
+                and total - done >= min_bytes:
+            ends.append(end)
+    ends.append(len(texts))
     return list(zip([0, *ends[:-1]], ends, strict=True))

@@ -26,7 +26,8 @@ from engagelake.requests.models import TrackFatalResponse, TrackResponse, dump
 from engagelake.rules import duck
 from engagelake.rules.messages import ERR_UNKNOWN_SERVICE_ID
 from engagelake.rules.profile.attributes import attribute_errors, fold_attributes
-from engagelake.rules.profile.parse import ARRAYS, ParsedTrack
+from engagelake.rules.profile.parse import ARRAYS
+from engagelake.rules.profile.reading import TrackInput
 from engagelake.rules.profile.validate import ValidTrack
 from engagelake.rules.state import Changes, State
 from engagelake.tables.partial import SET, mask_of
@@ -74,8 +75,8 @@ def _asof(left: pl.DataFrame, timeline: pl.DataFrame, *, value: str, inclusive: 
 class _Batch:
     """Everything one track pass needs, kept together so each rule is a short method."""
 
-    def __init__(self, state: State, parsed: ParsedTrack, valid: ValidTrack, clock: datetime, seed: str):
-        self.state, self.parsed, self.valid, self.clock, self.seed = state, parsed, valid, clock, seed
+    def __init__(self, state: State, valid: ValidTrack, clock: datetime, seed: str):
+        self.state, self.valid, self.clock, self.seed = state, valid, clock, seed
         self.gbase = state.next_update_seq
         objs = valid.objects
         self.ok = objs.filter(pl.col("error").is_null())
@@ -390,14 +391,15 @@ def _same(a: pl.DataFrame, b: pl.DataFrame, key: list[str]) -> bool:
     return a.height == b.height and a.sort(key).equals(b.sort(key))
 
 
-def apply_track(state: State, parsed: ParsedTrack, valid: ValidTrack, *, clock: datetime, seed: str) -> TrackOutcome:
-    """Apply a run of track requests to `state`: responses per request and the table changes."""
-    b = _Batch(state, parsed, valid, clock, seed)
+def apply_track(state: State, read: TrackInput, *, clock: datetime, seed: str) -> TrackOutcome:
+    """Apply a run of track requests, read (`reading.py`), to `state`: responses per request and
+    the table changes."""
+    b = _Batch(state, read.valid, clock, seed)
     b.run()
-    n_objects = parsed.objects.height  # seq runs 0..height-1
+    n_objects = read.objects  # seq runs 0..objects-1
     changes, next_n = _changes(b)
     return TrackOutcome(
-        responses=_responses(parsed, valid, b.rejected),
+        responses=_responses(read.requests, read.valid, b.rejected),
         changes=changes,
         next_profile_n=next_n,
         next_update_seq=state.next_update_seq + n_objects,
@@ -527,7 +529,7 @@ def _changes(b: _Batch) -> tuple[Changes, int]:
     return changes, state.next_profile_n + ids.height
 
 
-def _responses(parsed: ParsedTrack, valid: ValidTrack, rejected: pl.DataFrame) -> dict[int, tuple[int, dict[str, Any]]]:
+def _responses(requests: pl.DataFrame, valid: ValidTrack, rejected: pl.DataFrame) -> dict[int, tuple[int, dict[str, Any]]]:
     out: dict[int, tuple[int, dict[str, Any]]] = {}
     for req, message in valid.fatal.iter_rows():  # one row per failed request, not per object
         out[req] = (400, dump(TrackFatalResponse, {"message": message, "errors": [message]}))
@@ -541,7 +543,7 @@ def _responses(parsed: ParsedTrack, valid: ValidTrack, rejected: pl.DataFrame) -
         .alias("errors"))
     count_map = {(r, a): n for r, a, n in counts.iter_rows()}  # one row per request and array: response shaping
     error_map = dict(errors.iter_rows())  # one row per request with errors: response shaping
-    sent = parsed.requests.join(valid.fatal, on="req", how="anti")
+    sent = requests.join(valid.fatal, on="req", how="anti")
     for row in sent.iter_rows(named=True):  # per request, to build its response body
         body: dict[str, Any] = {"message": "success"}
         for n, a in enumerate(ARRAYS):
