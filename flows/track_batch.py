@@ -103,6 +103,7 @@ def shared_reader(parts: int) -> TrackReader | None:
         if len(bounds) <= 1 or FlowRunContext.get() is None:
             return read_track(texts, max_updates)
         futures = _bare(lambda: [read_track_share.submit(list(texts[a:b]), max_updates, a) for a, b in bounds])
+        wait(futures)  # a share that fails for good leaves no other one running after the batch
         return joined([future.result() for future in futures])
 
     return read
@@ -218,11 +219,9 @@ def merge_batch(
     folder: str,
     store: str = "data/store",
     on_file_applied: Callable[[AppliedFile], None] | None = None,
-    parts: int = 1,
 ) -> list[AppliedFile]:
     """Apply files of `/users/merge` requests, one batch per file (safe to re-run)."""
-    return apply_request_files(folder, store, on_file_applied, only=("/users/merge",), flow_name="merge_batch",
-                               parts=parts)
+    return apply_request_files(folder, store, on_file_applied, only=("/users/merge",), flow_name="merge_batch")
 
 
 @flow(name="identify_batch")
@@ -230,11 +229,10 @@ def identify_batch(
     folder: str,
     store: str = "data/store",
     on_file_applied: Callable[[AppliedFile], None] | None = None,
-    parts: int = 1,
 ) -> list[AppliedFile]:
     """Apply files of `/users/identify` requests, one batch per file (safe to re-run)."""
     return apply_request_files(folder, store, on_file_applied, only=("/users/identify",),
-                               flow_name="identify_batch", parts=parts)
+                               flow_name="identify_batch")
 
 
 @task(name="compact", **IO_TASK_OPTIONS)

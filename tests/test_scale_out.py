@@ -459,8 +459,7 @@ def _files_with_refusals(folder: Path) -> list[Path]:
 
 
 def _track_in_shares(flow: Any, folder: Path, store: Path | str, parts: int) -> list[tuple[str, Any, Any]]:
-    """Run `flow` over `folder` with shares of any size and passes of 3 requests (a full pass
-    is read while the one before it is applied, in a thread that submits its shares)."""
+    """Run `flow` over `folder` with shares of any size and passes of 3 requests."""
     with mock.patch.object(track_batch_flows, "MIN_SHARE_BYTES", 1), mock.patch.object(workspace, "_now", lambda: NOW), \
             mock.patch.object(workspace, "TRACK_RUN_MAX", 3):
         return [(a.path.name, a.statuses, a.errors) for a in flow(str(folder), str(store), parts=parts)]
