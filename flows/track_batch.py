@@ -204,9 +204,10 @@ def track_batch(
     Files may interleave every endpoint (track, merge, identify, rename, delete, export, ...).
 
     With `parts` > 1, each track pass is parsed and checked in up to `parts` shares of at least
-    1 MiB of requests each (`MIN_SHARE_BYTES`), as tasks of their own on the flow's task runner (threads by default; a
-    `DaskTaskRunner` puts them on a Dask cluster's workers); the rest of the batch runs in the
-    flow's process. The responses and the store are the same for any `parts`.
+    1 MiB of requests each (`MIN_SHARE_BYTES`), as tasks of their own on the flow's task runner
+    (threads by default; a `DaskTaskRunner` puts them on a Dask cluster's workers); the rest of
+    the batch runs in the flow's process. The responses and the store are the same for any
+    `parts`.
 
     `on_file_applied` is called in-process after each file (the CLI uses it for progress bars);
     it is not stored with the flow run.
