@@ -1,6 +1,7 @@
 """Bulk export, compaction and track passes in parts: the same files, tables and responses
-whatever the parts, the task runner or the processes (issue 13). The parts run as Prefect tasks, in threads by default and on a real Dask
-`LocalCluster` of worker processes with a `DaskTaskRunner`."""
+whatever the parts, the task runner or the processes (issue 13). The parts run as Prefect
+tasks, in threads by default and on a real Dask `LocalCluster` of worker processes with a
+`DaskTaskRunner`."""
 
 from __future__ import annotations
 
@@ -240,8 +241,7 @@ def test_the_flows_run_unchanged_on_a_dask_cluster_over_s3(s3: Any, cluster: Loc
         result = run(export_batch)(str(folder / "ids.txt"), str(folder / "export"), uri, fields=fields)
         assert result.users == 2 and result.invalid_user_ids == ["nobody"]
     assert applied["dask"] == applied["default"]
-    for response in sorted((tmp_path / "dask" / "requests").glob("*.responses.ndjson")):
-        assert read_responses_file(response) == read_responses_file(tmp_path / "default" / "requests" / response.name)
+    _same_responses(tmp_path / "dask" / "requests", tmp_path / "default" / "requests")
     assert Workspace.open(stores["dask"]).export_users(fields) == Workspace.open(stores["default"]).export_users(fields)
     assert (tmp_path / "dask" / "export" / "users.ndjson").read_bytes() == \
         (tmp_path / "default" / "export" / "users.ndjson").read_bytes()

@@ -50,7 +50,8 @@ def read_track(texts: Sequence[str], max_updates: int | None = None, *, first_re
     if valid.fatal.height:  # validate the rest again, without the refused requests' objects
         parsed = without_requests(parsed, valid.fatal["req"])
         valid = dataclasses.replace(validate_track(parsed, max_updates=max_updates), fatal=valid.fatal)
-    return TrackInput(parsed.requests, parsed.objects.height, dataclasses.replace(valid, fatal=valid.fatal.sort("req")))
+    valid = dataclasses.replace(valid, fatal=valid.fatal.sort("req"))  # shares joined keep this order
+    return TrackInput(parsed.requests, parsed.objects.height, valid)
 
 
 def joined(parts: Sequence[TrackInput]) -> TrackInput:
