@@ -9,6 +9,7 @@ import threading
 
 import duckdb
 import polars as pl
+import pyarrow as pa
 import pytest
 
 from engagelake import Workspace, cpus
@@ -262,3 +263,20 @@ def test_a_pinned_batch_reads_in_its_own_thread_unless_the_reads_are_many(tmp_pa
     assert ws.call("POST", "/users/export/ids", export).body == answer
     assert any(name.startswith("engagelake-prefetch") for name in tables)
     assert any(name.startswith("engagelake-reads") for name in groups)
+
+
+def test_a_kept_connection_is_left_as_it_was_found():
+    """A use's temporary tables and registered frames go when it ends: the next use of the
+    same kept connection starts clean (a parse creates its tables `b` and `o` every time)."""
+    with duck.connection(1) as con:
+        kept = con
+        con.execute("CREATE TEMP TABLE b AS SELECT 1 AS a")
+        con.register("frame", pa.table({"a": [3]}))
+        assert con.execute("SELECT count(*) FROM frame").fetchall() == [(1,)]
+    with duck.connection(1) as con:
+        assert con is kept
+        assert con.execute("SELECT count(*) FROM duckdb_tables() WHERE temporary").fetchall() == [(0,)]
+        assert con.execute("SELECT count(*) FROM duckdb_views() WHERE temporary AND NOT internal").fetchall() == [(0,)]
+        con.execute("CREATE TEMP TABLE b AS SELECT 4 AS a")  # would fail were `b` still there
+        with pytest.raises(duckdb.CatalogException):
+            con.execute("SELECT * FROM frame")

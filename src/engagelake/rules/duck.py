@@ -38,8 +38,9 @@ def connection(threads: int | None = None) -> Iterator[duckdb.DuckDBPyConnection
 
 
 def _clear(con: duckdb.DuckDBPyConnection) -> None:
-    left = con.sql("SELECT table_name, true FROM duckdb_tables() WHERE temporary UNION ALL "
-                   "SELECT view_name, false FROM duckdb_views() WHERE temporary AND NOT internal").fetchall()
+    # `execute`, not `sql`: DuckDB's relation layer made this small query cost 2.5 ms, not 0.9
+    left = con.execute("SELECT table_name, true FROM duckdb_tables() WHERE temporary UNION ALL "
+                       "SELECT view_name, false FROM duckdb_views() WHERE temporary AND NOT internal").fetchall()
     for name, table in left:  # one catalog query, not one per kind (a small request's parse uses two connections)
         if table:
             con.execute(f'DROP TABLE temp."{name}"')
