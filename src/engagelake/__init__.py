@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
 __all__ = [
     "IdempotencyKeyReused", "IdempotentResponsesExpired", "NotAStore", "Response", "StoreDamaged", "StoreError", "StoreExists", "StoreReadOnly",
     "Workspace", "__version__",
@@ -19,6 +18,7 @@ from engagelake.errors import (  # light: no heavy imports
     StoreExists,
     StoreReadOnly,
 )
+from engagelake.version import __version__
 
 if TYPE_CHECKING:
     from engagelake.routing import Response

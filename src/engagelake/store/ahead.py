@@ -1,6 +1,6 @@
 """Stored rows read ahead of the passes that ask for them.
 
-A big batch runs in passes (`workspace.TRACK_RUN_MAX` requests each), and each pass probes the
+A big batch runs in passes (`batch.TRACK_RUN_MAX` requests each), and each pass probes the
 stored rows of its own users. Those users sit in almost every row group of a table sorted by
 `service_id`, so each pass decoded the attributes table whole: at 10M users, five passes of a
 1M-object batch read the 30M-row table five times (7.9 s of 27 s). The batch now names its

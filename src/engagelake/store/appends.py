@@ -38,9 +38,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from deltalake import DeltaTable
 
-from engagelake import __version__
 from engagelake.errors import StoreError
 from engagelake.store import checkpoints, objects
+from engagelake.version import __version__
 
 # a string statistic longer than this (UTF-8 bytes) is cut, as delta-rs cuts it
 # (`runs.TRUSTED_FILE_STAT_BYTES`)

@@ -8,7 +8,7 @@ must be the log's). Tables whose log goes past the ledger's version hold a batch
 that never committed: the next writer rolls them back, so that alone is no problem. A ledger row
 file that no ledger log entry references, of a batch after the head, is one: the ledger's newest
 log entry was deleted or lost, and rolling the tables back would drop a batch silently, so
-writers refuse (`DeltaStore._recover`) until `repair` is asked to.
+writers refuse (`DeltaStore.recover`) until `repair` (store/repair.py) is asked to.
 
 `repair` does only what loses nothing that was committed and readable: it rolls tables back to
 the ledger's versions (as the next writer would), and moves aside, into
@@ -29,7 +29,6 @@ import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from urllib.parse import unquote
 
@@ -39,10 +38,10 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from deltalake import DeltaTable
 
-from engagelake.errors import StoreDamaged, StoreError, StoreReadOnly
+from engagelake.errors import StoreError, StoreReadOnly
 from engagelake.store import objects
-from engagelake.store.delta import COMPACTING, LEDGER, DeltaStore, writer_lock
 from engagelake.store.footers import INDEX_FOLDER, data_file_of
+from engagelake.store.layout import COMPACTING, LEDGER, writer_lock
 from engagelake.store.lease import Lease
 from engagelake.tables.schema import STORED
 
@@ -88,7 +87,7 @@ class Report:
 
     def plan(self) -> list[str]:
         """What `repair` will do, one plain line each."""
-        lines = [f"move aside {_relative(path, self.uri)} (into {REPAIRED}/)" for path in self.aside]
+        lines = [f"move aside {relative_path(path, self.uri)} (into {REPAIRED}/)" for path in self.aside]
         lines += [f"discard batch {batch}: no ledger log entry names it any more; its rows stay, unpublished, "
                   "in the table files until `engagelake compact`" for batch in self.discarded]
         lines += [f"roll {name} back from version {newest} to version {named}, the version the ledger names"
@@ -99,7 +98,7 @@ class Report:
         return [p for p in self.problems if not p.repairable]
 
 
-def _relative(path: str, root: str) -> str:
+def relative_path(path: str, root: str) -> str:
     return path[len(root.rstrip("/")) + 1:] if path.startswith(root.rstrip("/") + "/") else path
 
 
@@ -139,7 +138,7 @@ def entry_error(path: str) -> str | None:
     return None
 
 
-def _root(uri: str | Path) -> str:
+def root_of(uri: str | Path) -> str:
     """A store's location as the file layer takes it: a URI, or a folder's path."""
     text = str(uri)
     return text if objects.is_remote(text) else str(Path(text.removeprefix("file://")))
@@ -148,7 +147,7 @@ def _root(uri: str | Path) -> str:
 def check_store(uri: str | Path) -> Report:
     """Check the store at `uri` (a local folder or a URI) without locking it; see the module
     docstring."""
-    root = _root(uri)
+    root = root_of(uri)
     report = Report(root)
     if not objects.is_folder(root):
         report.problems.append(Problem(root, "is not a folder" if objects.exists(root) else "does not exist"))
@@ -316,7 +315,7 @@ def _check_files(report: Report, table: str, name: str, version: int) -> bool:
                               strict=True):
         path = _data_path(table, relative)
         report.current[name].add(path.rsplit("/", 1)[-1])
-        if _relative(path, table) not in present:
+        if relative_path(path, table) not in present:
             what = (f"missing: version {version} of {name} references it; restore it from a backup "
                     "(a table cannot be read without it)")
             report.problems.append(Problem(path, what))
@@ -353,7 +352,7 @@ def _lost_ledger_rows(report: Report, ledger: DeltaTable, head: int) -> None:
 def lost_ledger_rows(root: str | Path, ledger: DeltaTable, head: int) -> list[tuple[str, int]]:
     """(file, batch) of the ledger row files in `root`'s ledger folder that `ledger` (loaded)
     does not reference and that hold a batch after `head`."""
-    folder = objects.join(_root(root), LEDGER)
+    folder = objects.join(root_of(root), LEDGER)
     present = {name: objects.join(folder, name) for name in objects.files_under(folder)
                if "/" not in name and name.endswith(".parquet")}
     if len(present) <= len(known := {unquote(p).rsplit("/", 1)[-1] for p in
@@ -386,7 +385,7 @@ def _first_line(error: BaseException) -> str:
 
 
 @contextmanager
-def _turn(root: str) -> Iterator[Lease | None]:
+def turn(root: str) -> Iterator[Lease | None]:
     """The writer's turn at the store for a check or a repair: the lock file of a folder, the
     lease on object storage (yielded: a repair checks it is still its own before each change).
     The lease goes back as clean only if it came so: what a dead writer left that the check
@@ -413,11 +412,11 @@ def _turn(root: str) -> Iterator[Lease | None]:
 def check(uri: str | Path) -> Report:
     """`check_store` in the writer's turn when the store can be locked (a live writer's commit
     in flight would look like a lost ledger entry), without it in a read-only store."""
-    root = _root(uri)
+    root = root_of(uri)
     if not objects.is_folder(objects.join(root, LEDGER)):
         return check_store(root)
     try:
-        with _turn(root):
+        with turn(root):
             return check_store(root)
     except StoreReadOnly as error:  # no writer can be running, or none this process may wait for
         report = check_store(root)
@@ -425,39 +424,6 @@ def check(uri: str | Path) -> Report:
             report.notes.append(f"checked without the writers' lease ({error}): a commit in flight would look "
                                 "like damage; check again if a problem names the newest ledger entry")
         return report
-
-
-def repair(uri: str | Path) -> Report:
-    """Check the store in the writer's turn and do what the report's plan says; returns the
-    report the plan came from (check again to see the result). Raises StoreDamaged, and changes
-    nothing, when a problem is not repairable; TurnEndedError, when the lease on object storage
-    ended while it ran (another writer may have committed since the check)."""
-    root = _root(uri)
-    with _turn(root) as lease:
-        report = check_store(root)
-        if blocking := report.unrepairable():
-            raise StoreDamaged(f"the store at {root} has problems `engagelake repair` cannot fix safely; nothing was "
-                               "changed:\n" + "\n".join(f"  {p}" for p in blocking))
-        if report.aside:
-            target = objects.join(root, f"{REPAIRED}/{datetime.now(UTC).strftime('%Y%m%dT%H%M%S%fZ')}")
-            for path in report.aside:
-                _still_ours(lease)
-                objects.move(path, objects.join(target, _relative(path, root)))
-        for name, (_, named) in report.rollback.items():
-            table = objects.delta_table(objects.join(root, name))
-            if table.version() > named:
-                _still_ours(lease)
-                table.restore(named)
-    if objects.exists(objects.join(root, COMPACTING)):  # a dead compaction: opening a snapshot rolls it forward
-        DeltaStore(root, create=False).snapshot()
-    return report
-
-
-def _still_ours(lease: Lease | None) -> None:
-    """Raise TurnEndedError when the lease ended while the check read the store (a renewal
-    failed): another writer may have committed since, and a roll-back would drop its batch."""
-    if lease is not None:
-        lease.check()
 
 
 def describe(report: Report, limit: int = 3) -> str:

@@ -27,7 +27,7 @@ from engagelake.tables.partial import PARTIAL
 from engagelake.tables.schema import HISTORY, INDEXES, KEYS, SCHEMAS
 
 if TYPE_CHECKING:
-    from engagelake.store.delta import Head
+    from engagelake.store.layout import Head
 
 # A part's own cost (a connection, its table's view, the footers of the table's files) is
 # about 0.15 s, and a Prefect task's on a Dask cluster 0.26 s; a part writes about 550,000

@@ -10,7 +10,7 @@ committing version `v + 1` of the table `_writer_lease` (an empty commit whose m
 the holder and when its lease ends) on the version `v` it read, with no retry: of two writers
 that read `v`, one commits and the other's commit fails. A holder renews its lease while it
 holds it, and gives it back with a commit of its own. A dead writer's lease ends after
-`LEASE_S`; the next writer then takes it, and rolls back what the dead one left (`_recover`).
+`LEASE_S`; the next writer then takes it, and rolls back what the dead one left (`DeltaStore.recover`).
 
 A writer that has lost its lease (it did not renew in time: a process paused for longer than
 the lease) must not publish: `check` raises before the ledger row is written.
@@ -37,9 +37,9 @@ import orjson
 import pyarrow as pa
 from deltalake.exceptions import DeltaError
 
-from engagelake import __version__
 from engagelake.errors import StaleStoreError, StoreError, TurnEndedError
 from engagelake.store import checkpoints, objects
+from engagelake.version import __version__
 
 LEASE = "_writer_lease"  # the table, beside the store's tables
 # how long a lease lasts unless renewed: a writer that died holding it delays the next one by
@@ -102,7 +102,7 @@ class Lease:
             if state is None or state["op"] == "release" or float(state["until"]) <= time.time():
                 if self._commit("acquire"):
                     # the writer before gave the lease back after a block that raised nothing:
-                    # no table holds a version the ledger does not name (`DeltaStore._recover`)
+                    # no table holds a version the ledger does not name (`DeltaStore.recover`)
                     self.clean_before = state is not None and state["op"] == "release" and state.get("clean") == "1"
                     break
             if deadline is not None and time.monotonic() >= deadline:

@@ -88,7 +88,7 @@ def is_delta_table(uri: str) -> bool:
 # `delta.checkpointInterval` versions, but no expired log cleanup. The cleanup lists the whole
 # `_delta_log` after every commit, so a commit's requests grew with the table's history (a page
 # of 1,000 keys a request: 8 requests and 0.25 s against moto for an append to a table of 1,100
-# versions, 6 and 0.09 s without); compaction cleans the logs up instead (`DeltaStore._vacuum`).
+# versions, 6 and 0.09 s without); compaction cleans the logs up instead (`Compactor.vacuum`).
 COMMIT_HOOKS = PostCommitHookProperties(create_checkpoint=True, cleanup_expired_logs=False)
 
 

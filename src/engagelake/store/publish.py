@@ -25,7 +25,8 @@ import pyarrow as pa
 from deltalake import CommitProperties
 
 from engagelake.store import merging, objects
-from engagelake.store.delta import Snapshot, writer
+from engagelake.store.layout import writer
+from engagelake.store.snapshot import Snapshot
 from engagelake.tables.schema import SCHEMAS
 
 MARKER = "_published.json"
