@@ -1,41 +1,36 @@
 """The one contract: `Workspace.open(uri)`, then `call` one request or `apply` many.
 
 `call` is `apply` of one request, so the fast path and the one-by-one path are the same code.
-`apply` splits a batch into runs of track requests (one vectorized pass each) separated by
+`apply` routes each request (`routing.py`, by the table of `routes.py`), has the batch engine
+(`batch.py`) split the batch into runs of track requests (one vectorized pass each) separated by
 reads (exports see every earlier request of the batch), then commits the batch atomically.
 """
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import functools
 import hashlib
-import json
-import math
 import os
 import random
 import re
 import shutil
 import sys
-import tempfile
 import threading
 import time
 import uuid
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
-from concurrent.futures import wait as wait_for
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
-import orjson
 import polars as pl
 import polars.selectors as cs
 import pyarrow as pa
 
+from engagelake.batch import Ahead, Batch, Seen, dispatch
 from engagelake.cpus import one_cpu
 from engagelake.errors import (
     ConfigError,
@@ -47,35 +42,25 @@ from engagelake.errors import (
     StoreError,
     StoreExists,
 )
-from engagelake.resources import RESOURCE_ROUTES
 from engagelake.resources.campaigns import Campaigns
-from engagelake.resources.catalogs import CHECKS_NUMBERS, Catalogs
+from engagelake.resources.catalogs import Catalogs
 from engagelake.resources.credentials import Credentials
 from engagelake.resources.preference_centers import PreferenceCenters
 from engagelake.resources.scim import Scim
-from engagelake.routing import (
-    Context,
-    Handler,
-    Request,
-    Response,
-    compile_pattern,
-    printable,
-    split_path,
-)
+from engagelake.routes import ROUTER
+from engagelake.routing import Context, Response, Routed, as_json, digest_line
 from engagelake.rules import messages as M
-from engagelake.rules.export import export_frame, export_ids
+from engagelake.rules.export import export_frame
 from engagelake.rules.identity.cleanup import cleanup_push_profiles
-from engagelake.rules.identity.endpoints import IDENTITY_PATHS, apply_identity
 from engagelake.rules.identity.lineage import lineage_rows
-from engagelake.rules.profile.parse import named_external_ids
-from engagelake.rules.profile.reading import TrackReader, read_track
-from engagelake.rules.profile.track import apply_track
-from engagelake.rules.state import Changes, State, apply_changes
+from engagelake.rules.profile.reading import TrackReader
+from engagelake.rules.state import State
 from engagelake.store import objects, scratch
-from engagelake.store.ahead import ReadAhead
 from engagelake.store.compaction import MIN_PART_ROWS, Part, Plan, Written
-from engagelake.store.delta import RESPONSE_RETENTION, Compaction, DeltaStore, store_state
-from engagelake.store.staging import StagedSource, Stages
+from engagelake.store.compactor import Compaction
+from engagelake.store.delta import DeltaStore
+from engagelake.store.layout import store_state
+from engagelake.store.ledger import RESPONSE_RETENTION
 from engagelake.tables.credentials import UNPUBLISHED
 from engagelake.tables.schema import TABLES
 
@@ -89,16 +74,6 @@ Clock = Callable[[], datetime]
 MEMORY_ENV = "ENGAGELAKE_MEMORY_LIMIT"
 PUBLISHED_FOLDER = "current"  # where `publish` writes by default, inside the store
 EXPORT_CHUNK_USERS = 50_000  # users per chunk of a streamed export of every user
-# Long runs of track requests are applied in passes of at most this many requests (up to ~170k
-# objects): the same result as one pass (sequential application is the invariant), bounded memory.
-TRACK_RUN_MAX = 2000
-# After a pass, a batch holding at least this many changed rows stages them to local files
-# (`store/staging.py`) and reads them back as it needs them: memory follows the pass.
-STAGE_ROWS = 100_000
-# A pass of more request text than this leaves one CPU (`cpus.py`) for every CPU, for the rest of
-# its batch: about 15,000 objects. A 10,000-object batch took 323-343 ms on one CPU against
-# 365-371 ms on two; 30,000 objects 817-861 against 755-757 ms.
-ONE_CPU_PASS_BYTES = 2 << 20
 # how long a batch waits out other writers by default (`Workspace.open(retry_for=...)`)
 RETRY_FOR_S = 60.0
 # the specification's cap of /users/track requests on monthly-active-user plans: attributes,
@@ -114,50 +89,6 @@ FORGET_MIN_CHARS = 3
 FORGET_SKIPPED = ("service_id", "alias_label", "app", "app_id", "platform")
 _ENGINE_TIME = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?Z$")
 _JITTER = random.Random()  # retry jitter, not drawn from the caller's global generator
-SEEN_SPOOL_BYTES = 16 << 20  # request text a batch keeps in memory for a retry (see `_Seen`)
-# A batch whose track pass is full reads up to this much request text ahead, and the stored rows
-# of the users it names once for all those passes (`_Ahead`, `store/ahead.py`); the text is
-# searched a chunk at a time and waits in the spool, not in memory
-READ_AHEAD_BYTES = 128 << 20
-READ_AHEAD_CHUNK_BYTES = 16 << 20
-# ... when the stored attributes hold at least this many rows. A 1M-object batch into 10M users
-# (30M attribute rows): 20.8-21.4 s against 28.0-29.1 s, CPU 33-34 against 44-46 s, peak RSS
-# 2.7 against 3.2 GiB; into 1M users (3M rows), where a pass decodes the whole table in 190 ms,
-# 0.98x the time for 160 MiB more at the peak: not worth it there
-READ_AHEAD_MIN_ROWS = 8_000_000
-# ... and no more users than hold about this many attribute rows, as the store's rows a profile
-# average (a profile of many attributes makes a window of fewer requests): the rows read ahead
-# are held until the window's passes are done (1.75M rows for 583k users at 10M)
-READ_AHEAD_MAX_ROWS = 4_000_000
-# Endpoints the workspace runs itself: track passes, export reads, identity runs.
-USER_ROUTES: dict[str, dict[str, str]] = {
-    "/users/track": {"POST": "track"},
-    "/users/export/ids": {"POST": "export"},
-    **{path: {"POST": kind} for kind, path in IDENTITY_PATHS.items()},
-}
-
-
-def _routes() -> list[tuple[re.Pattern[str], dict[str, str | Handler]]]:
-    return [(compile_pattern(p), methods) for p, methods in ROUTE_TABLE.items()]
-
-
-ROUTE_TABLE: dict[str, dict[str, str | Handler]] = {
-    **{p: dict(m) for p, m in USER_ROUTES.items()}, **{p: dict(m) for p, m in RESOURCE_ROUTES.items()}}
-ROUTES = _routes()
-
-
-def route_of(method: str, path: str) -> tuple[str | None, Response | None]:
-    """The route pattern a request names (`/catalogs/{catalog_name}/items`), or the 404/405
-    response `call` gives it: the server checks permissions by pattern before the dispatch."""
-    method = method.upper()
-    path, _ = split_path(path)
-    for (pattern, methods), (regex, _) in zip(ROUTE_TABLE.items(), ROUTES, strict=True):
-        if regex.match(path):
-            if method not in methods:
-                return None, Response(405, {"message": M.METHOD_NOT_ALLOWED.format(
-                    method=printable(method), path=printable(path), allowed=", ".join(methods))})
-            return pattern, None
-    return None, Response(404, {"message": M.NOT_FOUND.format(method=printable(method), path=printable(path))})
 
 
 def _strings(value: Any, key: str | None) -> Iterator[tuple[str | None, str]]:
@@ -213,444 +144,6 @@ def _store_errors(method: Callable[P, T]) -> Callable[P, T]:
             raise workspace.store.damaged(error) from error
 
     return wrapper
-
-
-class _Bad(Exception):
-    def __init__(self, status: int, message: str, body: dict[str, Any] | None = None):
-        super().__init__(message)
-        self.response = Response(status, body or {"message": message})
-
-
-# One request as a batch keeps it: (endpoint, routed request, body as JSON text), or the
-# error response of a request that routes nowhere. The bulk endpoints keep only the text.
-Routed = tuple[str | Handler | None, Request | None, str | Response]
-
-
-class _Seen:
-    """The requests a batch has read, for a retry after another writer's commit. The text of
-    bulk requests goes to a temporary file, held in memory up to `SEEN_SPOOL_BYTES`: a big
-    batch's requests (about 127 MiB of text per 1M track objects) do not stay in memory."""
-
-    def __init__(self) -> None:
-        self.kept: list[Routed | tuple[str, int, int]] = []  # bulk: (endpoint, offset, length)
-        self.file = tempfile.SpooledTemporaryFile(max_size=SEEN_SPOOL_BYTES)
-        self.end = 0
-
-    def add(self, request: Routed) -> Routed:
-        endpoint, routed, text = request
-        if isinstance(endpoint, str) and routed is None and isinstance(text, str):
-            data = text.encode()
-            self.file.seek(self.end)
-            self.file.write(data)
-            self.kept.append((endpoint, self.end, len(data)))
-            self.end += len(data)
-        else:
-            self.kept.append(request)
-        return request
-
-    def text(self, n: int) -> str:
-        """The text of the `n`-th request read, a bulk one."""
-        _, offset, length = self.kept[n]
-        assert isinstance(offset, int) and isinstance(length, int)
-        self.file.seek(offset)
-        return self.file.read(length).decode()
-
-    def replay(self) -> Iterator[Routed]:
-        for n, item in enumerate(list(self.kept)):
-            endpoint, second, _ = item
-            if isinstance(second, int):
-                yield endpoint, None, self.text(n)
-            else:
-                yield item  # type: ignore[misc]
-
-    def __enter__(self) -> _Seen:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.file.close()
-
-
-class _Ahead:
-    """A batch's requests (as `apply` routes them), read ahead when a track pass is full: the
-    track requests that follow, up to `READ_AHEAD_BYTES` of text, are searched for the external
-    IDs they name, so that the batch reads those users' stored rows once (`_Batch.read_ahead`),
-    not once a pass. Requests read ahead keep their text in the batch's spool (`_Seen`): the
-    `n`-th request routed is the spool's `n`-th."""
-
-    def __init__(self, requests: Iterable[Routed], seen: _Seen):
-        self.source = iter(requests)
-        self.seen = seen
-        self.waiting: collections.deque[int | Routed] = collections.deque()  # spooled track texts by number
-        self.read = 0  # requests taken from `source`
-        self.until = 0  # requests before this one were read ahead already
-
-    def __iter__(self) -> Iterator[Routed]:
-        while True:
-            if self.waiting:
-                waiting = self.waiting.popleft()
-                yield ("track", None, self.seen.text(waiting)) if isinstance(waiting, int) else waiting
-                continue
-            item = next(self.source, None)
-            if item is None:
-                return
-            self.read += 1
-            yield item
-
-    def covers(self, i: int) -> bool:
-        """Whether request `i` was read ahead already."""
-        return i < self.until
-
-    def external_ids(self, texts: list[str], most: int) -> pl.Series | None:
-        """The external IDs named by `texts` (the full pass's) and by the track requests that
-        follow it, read ahead up to `READ_AHEAD_BYTES` of text, the next other request, or a
-        chunk that brings the IDs found past `most` (None: no track request follows, and the
-        pass reads its own rows)."""
-        ids = pl.Series("external_id", [], pl.String)  # found in the chunks searched so far
-        chunk, size, total = texts, sum(map(len, texts)), 0
-        while total < READ_AHEAD_BYTES and ids.len() <= most:
-            item = next(self.source, None)
-            if item is None:
-                break
-            n, self.read = self.read, self.read + 1
-            endpoint, _, text = item
-            if endpoint != "track" or not isinstance(text, str):
-                self.waiting.append(item)
-                break
-            self.waiting.append(n)
-            chunk.append(text)
-            size += len(text)
-            total += len(text)
-            if size >= READ_AHEAD_CHUNK_BYTES:
-                ids = pl.concat([ids, named_external_ids(chunk)]).unique()
-                chunk, size = [], 0
-        self.until = self.read
-        if total == 0:
-            return None
-        return pl.concat([ids, named_external_ids(chunk)]).unique() if chunk else ids
-
-
-def _routed(request: Any) -> Routed:
-    try:
-        endpoint, routed, text = _route(request)
-    except _Bad as bad:
-        return None, None, bad.response
-    if isinstance(endpoint, str) and endpoint != "export":
-        return endpoint, None, text  # its dicts go: a pass reads the text
-    return endpoint, routed, text
-
-
-def _digest_line(request: Any, item: Routed) -> bytes:
-    """One request's line in the digest of a keyed batch: method, path, query (sorted) and the
-    body's JSON text (its key order kept: attribute order is meaningful); a request that routes
-    nowhere is digested as given."""
-    endpoint, routed, text = item
-    if isinstance(text, str):
-        method, path, query = str(request.get("method", "")).upper(), request["path"], request.get("query")
-        try:
-            head = orjson.dumps([method, path, query], option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS,
-                                default=repr)
-        except TypeError:  # a lone surrogate in the path or the query
-            head = repr([method, path, query]).encode("utf-8", "backslashreplace")
-        return head + b"\t" + text.encode() + b"\n"
-    return b"!" + repr(request).encode("utf-8", "backslashreplace") + b"\n"
-
-
-def _route(request: Any) -> tuple[str | Handler, Request, str]:
-    """(endpoint, routed request, body as JSON text) of one request, or raise _Bad."""
-    if not isinstance(request, dict) or not isinstance(request.get("path"), str):
-        raise _Bad(400, M.BAD_REQUEST)
-    method = str(request.get("method", "")).upper()
-    path, query = split_path(request["path"])
-    extra = request.get("query")
-    if extra is not None and not (isinstance(extra, dict) and all(isinstance(k, str) for k in extra)):
-        raise _Bad(400, M.BAD_QUERY.format(kind=type(extra).__name__))
-    found = next(((m, methods) for pattern, methods in ROUTES if (m := pattern.match(path))), None)
-    if found is None:
-        raise _Bad(404, M.NOT_FOUND.format(method=printable(method), path=printable(path)))
-    match, methods = found
-    if method not in methods:
-        raise _Bad(405, M.METHOD_NOT_ALLOWED.format(method=printable(method), path=printable(path),
-                                                    allowed=", ".join(methods)))
-    endpoint = methods[method]
-    body, text = _json_body(request.get("body"), method, endpoint)
-    # URL text reaches handlers that echo it: lone surrogates (no HTTP client can send one) escaped
-    query = {printable(k): printable(v) if isinstance(v, str) else v for k, v in {**query, **(extra or {})}.items()}
-    params = {k: printable(v) for k, v in match.groupdict().items()}
-    return endpoint, Request(method, path, body, params, query), text
-
-
-def _json_body(body: Any, method: str, endpoint: str | Handler) -> tuple[Any, str]:
-    """The body as data and as JSON text, or raise _Bad: not JSON, or holding a number JSON
-    text cannot carry (beyond a double's range, or NaN), which orjson would write as null."""
-    try:
-        if isinstance(body, str | bytes | bytearray | memoryview):
-            body = _loads(body) if method != "GET" or body else None
-        data = orjson.dumps(body)  # proves the body is plain JSON data
-    except (orjson.JSONDecodeError, TypeError, ValueError):
-        raise _Bad(400, M.BAD_JSON) from None
-    # only a body whose text holds null can have lost a number (a byte search, then a C encoder)
-    if b"null" in data and endpoint not in CHECKS_NUMBERS and (where := _non_finite(body)) is not None:
-        message = M.NON_FINITE_NUMBER.format(where=printable(where))
-        raise _Bad(400, message, {"message": message, "errors": [message]} if endpoint == "track" else None)
-    return body, data.decode()
-
-
-def _loads(text: str | bytes | bytearray | memoryview) -> Any:
-    """JSON text as data. A number beyond a double's range (`1e999`), which orjson refuses, is
-    read as an infinity, for the caller to refuse with where it is; NaN and Infinity literals
-    are not JSON."""
-    try:
-        return orjson.loads(text)
-    except orjson.JSONDecodeError as error:
-        if "infinity" not in str(error):
-            raise
-
-        def no_constants(name: str) -> Any:
-            raise ValueError(name)
-
-        return json.loads(bytes(text) if isinstance(text, memoryview) else text, parse_constant=no_constants)
-
-
-def _non_finite(body: Any) -> str | None:
-    """Where the first number that is not finite sits in `body` (`attributes[0].score`), or None."""
-    try:
-        json.dumps(body, allow_nan=False)
-    except ValueError:
-        pass
-    else:
-        return None
-    stack: list[tuple[Any, str]] = [(body, "body")]
-    while stack:  # depth first, in document order; iterative: bodies may nest deep
-        node, where = stack.pop()
-        if isinstance(node, float) and not math.isfinite(node):
-            return where.removeprefix("body.")
-        if isinstance(node, dict):
-            stack.extend((value, f"{where}.{key}") for key, value in reversed(node.items()))
-        elif isinstance(node, list):
-            stack.extend((value, f"{where}[{i}]") for i, value in reversed(list(enumerate(node))))
-    return None
-
-
-def _as_json(responses: list[Response]) -> list[Response]:
-    """The responses exactly as their JSON text reads back, which is also what the ledger keeps
-    and a replay of the batch answers: never NaN, Infinity, datetimes or Python-only values.
-    Text that JSON cannot carry (a lone surrogate, a non-string key, an integer beyond 64 bits)
-    is escaped or written as text instead of failing the batch's commit."""
-    bodies = [r.body for r in responses]
-    try:
-        text = orjson.dumps(bodies)
-    except TypeError:
-        text = orjson.dumps([_encodable(body) for body in bodies])
-    return [Response(r.status, body) for r, body in zip(responses, orjson.loads(text), strict=True)]
-
-
-def _encodable(value: Any) -> Any:
-    """`value` with what JSON text cannot hold escaped (only for a body orjson refused)."""
-    try:
-        orjson.dumps(value)
-    except TypeError:
-        pass
-    else:
-        return value
-    if isinstance(value, str):
-        return printable(value)
-    if isinstance(value, dict):
-        return {printable(str(key)): _encodable(item) for key, item in value.items()}
-    if isinstance(value, list | tuple):
-        return [_encodable(item) for item in value]
-    return printable(str(value))  # an integer beyond 64 bits, or an object JSON has no form for
-
-
-class _Batch:
-    """One `apply`: the evolving state, the changes to commit, the responses so far. Runs of
-    consecutive track requests (and of same-kind identity requests) are applied as one pass."""
-
-    def __init__(self, state: State, *, clock: datetime, seed: str, batch_id: str,
-                 before_big: Callable[[], None] = lambda: None, max_updates: int | None = None,
-                 release_cpu: Callable[[], None] = lambda: None):
-        self._state = state
-        # how track passes read their requests: in this process, or shared out (`apply`)
-        self.read_track: TrackReader = read_track
-        # the last pass's changes, until the state is next read: a pass that is staged next
-        # never needs them folded into the rows in memory (`_stage`)
-        self._unapplied: tuple[Changes, int, int] | None = None
-        self.max_updates = max_updates  # track requests: attributes + events + purchases at most
-        self.clock = clock
-        self.seed = seed
-        self.batch_id = batch_id  # names the batch in lineage rows
-        self.changes = Changes()
-        self.responses: list[Response | None] = []  # one per request, as they come
-        self.pending: list[tuple[int, str]] = []
-        self.pending_kind = "track"
-        self.stages: Stages | None = None
-        self.stored = state.source  # the store snapshot, under the stages
-        # a big batch (a full pass, or enough changes to stage) first waits for the store's
-        # run merge: the two would otherwise hold their memory at once
-        self._before_big: Callable[[], None] | None = before_big
-        # a batch runs on one CPU while its passes are small (`cpus.py`); a big one wants them all
-        self._release_cpu = release_cpu
-        self._ahead: Future[ReadAhead] | None = None  # rows being read ahead (`read_ahead`)
-
-    @property
-    def state(self) -> State:
-        """The batch's state, every change written so far applied."""
-        if self._unapplied is not None:
-            changes, next_profile_n, next_update_seq = self._unapplied
-            self._unapplied = None
-            self._state = apply_changes(self._state, changes, next_profile_n=next_profile_n,
-                                        next_update_seq=next_update_seq)
-        return self._state
-
-    def write(self, changes: Changes, *, next_profile_n: int | None = None,
-              next_update_seq: int | None = None) -> None:
-        state = self.state
-        self.changes.extend(changes)
-        self._unapplied = (changes, state.next_profile_n if next_profile_n is None else next_profile_n,
-                           state.next_update_seq if next_update_seq is None else next_update_seq)
-
-    def track(self, body: dict[str, Any]) -> Response:
-        self.flush()
-        out: list[Response | None] = [None]
-        self._track_pass([(0, orjson.dumps(body).decode())], out)
-        assert out[0] is not None
-        return out[0]
-
-    def add(self, i: int, kind: str, text: str) -> None:
-        if self.pending and (kind != self.pending_kind or len(self.pending) >= TRACK_RUN_MAX):
-            self.flush()
-        self.pending_kind = kind
-        self.pending.append((i, text))
-
-    def flush(self, *, last: bool = False) -> None:
-        """Apply the pending run as one pass (`last`: the batch's final pass, which
-        `to_commit` stages or not)."""
-        if not self.pending:
-            return
-        pending, self.pending = self.pending, []
-        if len(pending) >= TRACK_RUN_MAX:
-            self._big()
-        if sum(len(text) for _, text in pending) > ONE_CPU_PASS_BYTES:  # a step a request, not an object
-            self._release_cpu()
-        if self.pending_kind == "track":
-            self._track_pass(pending, self.responses)
-        else:
-            outcome = apply_identity(self.state, self.pending_kind, pending, clock=self.clock, seed=self.seed,
-                                     batch=self.batch_id)
-            for i, (status, body) in outcome.responses.items():
-                self.responses[i] = Response(status, body)
-            self.write(outcome.changes, next_profile_n=outcome.next_profile_n,
-                       next_update_seq=outcome.next_update_seq)
-        if not last:
-            self._stage_when_big()
-
-    def _big(self) -> None:
-        self._release_cpu()
-        if self._before_big is not None:
-            hook, self._before_big = self._before_big, None
-            hook()
-
-    def _stage_when_big(self) -> None:
-        """Stage the changes held so far when they are many, and start the state again over
-        the store and the stages (the same answers: staged rows read back like stored ones)."""
-        held = sum(frame.height for frames in self.changes.parts.values() for frame in frames)
-        if held < STAGE_ROWS or self.stored is None:
-            return
-        self._stage()
-
-    def _stage(self) -> None:
-        if self.stages is None:
-            self._big()
-            self.stages = Stages()
-        # `resolve_changes` folds the last pass's changes over the rows it holds, and the batch
-        # starts a new state over the stages below: they need not be applied
-        state = self.settled()
-        # staged rows are whole: a later pass reads them back as the stored rows they shadow
-        self.stages.add(state.resolve_changes(self.changes), state.index_entries_stored())
-        self.changes = Changes()
-        assert self.stored is not None
-        self._state = State.over(StagedSource(self.stored, self.stages), next_profile_n=state.next_profile_n,
-                                 next_update_seq=state.next_update_seq, reads=state.reads, subjects=state.subjects)
-
-    def settled(self) -> State:
-        """The state with the last pass's counters and users, its rows without that pass's
-        changes: what staging and the commit read (they take the rows from `changes`). Only
-        they call it, as the state's rows are read no more."""
-        state, unapplied, self._unapplied = self._state, self._unapplied, None
-        if unapplied is not None:
-            changes, next_profile_n, next_update_seq = unapplied
-            for frames in changes.parts.values():
-                for frame in frames:
-                    state.note_subjects(frame)
-            state = dataclasses.replace(state, next_profile_n=next_profile_n, next_update_seq=next_update_seq)
-        self._state = state
-        return state
-
-    def to_commit(self) -> tuple[Changes, dict[str, pl.DataFrame], Stages | None]:
-        """Every change of the batch: those in memory, those staged (a batch that staged
-        stages its last pass too, so that the commit streams its big tables from the files),
-        and the index entries the store holds already (those of the stored rows read)."""
-        if self.stages is None:
-            return self.changes, self.state.index_entries_stored(), None
-        if self.changes:
-            self._stage()
-        pairs = self.stages.index_entries_stored()
-        return (self.stages.changes(), {index: pl.concat(frames) for index, frames in pairs.items()},
-                self.stages)
-
-    def close(self) -> None:
-        if self._ahead is not None:  # a failed batch's rows still being read: let the reader end
-            wait_for([self._ahead])
-        if self.stages is not None:
-            self.stages.remove()
-
-    def reads_ahead(self) -> int:
-        """How many users a full pass may read ahead the rows of (0: none): where each pass
-        would read most of a big attributes table again (`READ_AHEAD_MIN_ROWS`), as many as
-        hold about `READ_AHEAD_MAX_ROWS` of its rows."""
-        if self.stored is None or (rows := self.stored.rows("attributes")) < READ_AHEAD_MIN_ROWS:
-            return 0
-        return READ_AHEAD_MAX_ROWS * max(self.stored.rows("profiles"), 1) // max(rows, 1)
-
-    def read_ahead(self, external_ids: pl.Series) -> None:
-        """Read the stored rows of the users `external_ids` name, for the passes to come: their
-        external IDs and their attributes (`store/ahead.py`). They are read in a thread of
-        their own while the full pass parses and checks its requests, and that pass's rules
-        wait for them (`_take_ahead`): at 10M users, 20.8-21.4 s for a 1M-object batch against
-        25.3-26.7 s read first, with the same peak. Rows read ahead for earlier passes go."""
-        if self.stored is None:
-            return
-        base = self.stored.base if isinstance(self.stored, ReadAhead) else self.stored
-
-        def load() -> ReadAhead:
-            ahead = ReadAhead(base)
-            found = ahead.load("external_ids", "external_id", external_ids)
-            ahead.load("attributes", "service_id", found["service_id"])
-            return ahead
-
-        self._ahead = _ahead_pool().submit(load)
-
-    def _take_ahead(self) -> None:
-        """From now on, read stored rows through the rows read ahead, once they are read."""
-        if self._ahead is None:
-            return
-        future, self._ahead = self._ahead, None
-        ahead = future.result()
-        self.stored = ahead
-        source = ahead if self.stages is None else StagedSource(ahead, self.stages)
-        self._state = dataclasses.replace(self._state, source=source)
-
-    def _track_pass(self, pending: list[tuple[int, str]], responses: list[Response | None]) -> None:
-        read = self.read_track([text for _, text in pending], self.max_updates)
-        self._take_ahead()
-        outcome = apply_track(self.state, read, clock=self.clock, seed=self.seed)
-        for req, (status, body) in outcome.responses.items():
-            responses[pending[req][0]] = Response(status, body)
-        self.write(outcome.changes, next_profile_n=outcome.next_profile_n, next_update_seq=outcome.next_update_seq)
-
-
-@functools.cache
-def _ahead_pool() -> ThreadPoolExecutor:
-    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="engagelake-ahead")
 
 
 class Workspace:
@@ -752,9 +245,32 @@ class Workspace:
         """Do what `check(uri).plan()` says (`engagelake repair`): roll tables back to the
         versions the ledger names, move aside torn log entries and lost ledger rows. Raises
         StoreDamaged, changing nothing, when a problem needs a backup."""
-        from engagelake.store.check import repair
+        from engagelake.store.repair import repair
 
         return repair(uri)
+
+    @staticmethod
+    def store_state(uri: str | Path) -> str:
+        """What is at `uri`: "store" (a ledger is there) or "new" (a store may be created there:
+        `engagelake demo` says which before any work). Raises NotAStore for a file or a folder
+        of other things, StoreDamaged for tables without a ledger. Opens nothing."""
+        return store_state(uri)
+
+    @staticmethod
+    def check_lines(report: Report) -> Iterator[str]:
+        """A `check` or `repair` report as plain lines (`engagelake check`): its problems, its
+        notes, then a summary."""
+        from engagelake.store.check import iter_lines
+
+        return iter_lines(report)
+
+    @staticmethod
+    def forget_places() -> tuple[str, ...]:
+        """The places a `forget_check` report finds copies in (its occurrences' `place`), in the
+        order `engagelake forget-check` lists them: table data first."""
+        from engagelake.store.forget import PLACES
+
+        return PLACES
 
     def close(self) -> None:
         """Wait for the run merges that follow the last commit (a process's exit waits for
@@ -793,15 +309,15 @@ class Workspace:
         this process: a flow shares them out to its task runner's workers (`flows/track_batch.py`).
         It must answer as `rules.profile.reading.read_track` does."""
         source = iter(requests)
-        seen = _Seen()
+        seen = Seen()
         digest = hashlib.sha256()  # of the requests, for a keyed batch
 
         def routed() -> Iterator[Routed]:
             yield from seen.replay()  # a retry replays what the first attempt read
             for request in source:
-                item = _routed(request)
+                item = ROUTER.routed(request)
                 if idempotency_key is not None:
-                    digest.update(_digest_line(request, item))
+                    digest.update(digest_line(request, item))
                 yield seen.add(item)
 
         def attempt() -> list[Response]:
@@ -817,10 +333,10 @@ class Workspace:
                         raise IdempotentResponsesExpired(idempotency_key, stored.committed_at,
                                                          stored.dropped or "expired")
                     return [Response(s, b) for s, b in stored.responses]
-            def body(batch: _Batch) -> None:
+            def body(batch: Batch) -> None:
                 if read_track is not None:
                     batch.read_track = read_track
-                self._dispatch(batch, _Ahead(routed(), seen))
+                dispatch(batch, Ahead(routed(), seen), fields_required=self.fields_required)
 
             return self._run_batch(body, idempotency_key, digest=digest.hexdigest, small_on_one_cpu=True)
 
@@ -856,29 +372,29 @@ class Workspace:
             time.sleep(_JITTER.uniform(delay / 2, delay))
             delay = min(delay * 2, 1.0)
 
-    def _run_batch(self, body: Callable[[_Batch], None], idempotency_key: str | None, *,
+    def _run_batch(self, body: Callable[[Batch], None], idempotency_key: str | None, *,
                    digest: Callable[[], str] | None = None, small_on_one_cpu: bool = False) -> list[Response]:
         """Run `body` as a batch and commit it. `small_on_one_cpu`: run on one CPU until a pass
-        is big (`_Batch.flush`): requests come in passes; a loader's or a cleanup's work does not."""
+        is big (`Batch.flush`): requests come in passes; a loader's or a cleanup's work does not."""
         if not small_on_one_cpu:
             return self._run_batch_on(body, idempotency_key, digest, lambda: None)
         with one_cpu() as pin:
             return self._run_batch_on(body, idempotency_key, digest, pin.release)
 
-    def _run_batch_on(self, body: Callable[[_Batch], None], idempotency_key: str | None,
+    def _run_batch_on(self, body: Callable[[Batch], None], idempotency_key: str | None,
                       digest: Callable[[], str] | None, release_cpu: Callable[[], None]) -> list[Response]:
         state = self.state
         read_at = self.store.head.content_batch  # what the batch reads: the commit checks it still holds
         if idempotency_key is not None:  # its responses are stored: note whom they concern
             state = dataclasses.replace(state, subjects=[])
-        batch = _Batch(state, clock=self.clock(), seed=self.store.head.seed,
-                       batch_id=idempotency_key or uuid.uuid4().hex, before_big=self.store.wait_for_merges,
-                       max_updates=MAU_UPDATES_PER_REQUEST if self.monthly_active_user_plan else None,
-                       release_cpu=release_cpu)
+        batch = Batch(state, clock=self.clock(), seed=self.store.head.seed,
+                      batch_id=idempotency_key or uuid.uuid4().hex, before_big=self.store.wait_for_merges,
+                      max_updates=MAU_UPDATES_PER_REQUEST if self.monthly_active_user_plan else None,
+                      release_cpu=release_cpu)
         try:
             body(batch)
             batch.flush(last=True)
-            final = _as_json([r for r in batch.responses if r is not None])
+            final = as_json([r for r in batch.responses if r is not None])
             assert len(final) == len(batch.responses)
             settled = batch.settled()
             self.last_reads = settled.reads
@@ -895,29 +411,6 @@ class Workspace:
             batch.close()
         return final
 
-    def _dispatch(self, batch: _Batch, requests: _Ahead) -> None:
-        for i, (endpoint, routed, text) in enumerate(requests):
-            batch.responses.append(None)
-            if isinstance(text, Response):  # routed nowhere
-                batch.responses[i] = text
-                continue
-            if isinstance(endpoint, str) and endpoint != "export":
-                batch.add(i, endpoint, text)
-                if endpoint == "track" and len(batch.pending) == TRACK_RUN_MAX and not requests.covers(i) \
-                        and (users := batch.reads_ahead()):
-                    named = requests.external_ids([t for _, t in batch.pending], users)
-                    if named is not None:
-                        batch.read_ahead(named)
-                continue
-            batch.flush()
-            assert routed is not None
-            if endpoint == "export":
-                status, out = export_ids(batch.state, routed.body, batch.clock, fields_required=self.fields_required)
-                batch.responses[i] = Response(status, out)
-            else:
-                assert callable(endpoint)
-                batch.responses[i] = endpoint(batch, routed)
-
     @_store_errors
     def cleanup_push_profiles(self) -> int:
         """The monthly check of `push_token_import`'s temporary anonymous profiles: delete, as
@@ -925,7 +418,7 @@ class Workspace:
         with a lineage row as `/users/delete` writes. Returns how many were deleted."""
         deleted = 0
 
-        def body(batch: _Batch) -> None:
+        def body(batch: Batch) -> None:
             nonlocal deleted  # each attempt (a retry after another writer's commit) counts anew
             outcome = cleanup_push_profiles(batch.state, clock=batch.clock, batch=batch.batch_id)
             deleted = outcome.deleted.height

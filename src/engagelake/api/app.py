@@ -32,8 +32,9 @@ from engagelake.requests.models import ExportResponse, TrackResponse
 from engagelake.resources.credentials import KeyRing
 from engagelake.resources.preference_centers import RECIPIENT_BASE, link_key, refuse_link
 from engagelake.resources.scim import ERROR_SCHEMA
+from engagelake.routes import ROUTE_TABLE, route_of
 from engagelake.routing import Response
-from engagelake.workspace import ROUTE_TABLE, Workspace, route_of
+from engagelake.workspace import Workspace
 
 MAX_BODY_BYTES = 10 * 1024 * 1024
 # a request refused before its body is read is read no further than this, only to tell a key

@@ -155,7 +155,7 @@ _EXTERNAL_ID = r'"external_id"\s*:\s*"[^"\\]*"'
 
 def named_external_ids(texts: list[str]) -> pl.Series:
     """The distinct external IDs the track bodies `texts` (JSON text) name, found by a search
-    of the text, for a batch to read their users' stored rows ahead (`workspace._Ahead`). It
+    of the text, for a batch to read their users' stored rows ahead (`batch.Ahead`). It
     may find more (a property's value that reads like one) and miss some (an ID written with
     an escape): what is read ahead only saves time."""
     found = pl.Series("body", texts, pl.String).str.extract_all(_EXTERNAL_ID).explode().drop_nulls()
