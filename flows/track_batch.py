@@ -11,6 +11,7 @@ responses files are rewritten with the same content. A changed file is a new bat
 from __future__ import annotations
 
 import contextvars
+import functools
 import time
 from collections.abc import Callable, Sequence
 from datetime import timedelta
@@ -29,11 +30,11 @@ from engagelake.files import (
     RequestFile,
     list_request_files,
     read_request_file,
-    skipped_file,
     write_responses_file,
 )
+from engagelake.ingest import apply_file, apply_requests, settle_merges
 from engagelake.rules.profile.reading import TrackInput, TrackReader, joined, read_track, shares_of
-from engagelake.store.compaction import MIN_PART_ROWS, Part, Plan, Written
+from engagelake.workspace import MIN_PART_ROWS, Part, Plan, Written
 from flows._artifacts import record_batches, record_table_rows
 from flows._retry import IO_TASK_OPTIONS, quoted
 
@@ -56,10 +57,7 @@ def apply_batch(workspace: Workspace, batch: RequestFile,
     """Apply one file's requests as one batch; retrying is safe under the batch's key. A batch
     applied before whose stored responses are gone (retention, erasure) is returned as its
     error: it is done, not failed. `reader` reads the track passes (`shared_reader`)."""
-    try:
-        return workspace.apply(batch.iter_requests(), idempotency_key=batch.idempotency_key, read_track=reader)
-    except IdempotentResponsesExpired as done:
-        return done
+    return apply_requests(workspace, batch, reader)
 
 
 T = TypeVar("T")
@@ -144,32 +142,32 @@ def apply_request_files(
 
 def _apply_files(folder: str, store: str, on_file_applied: Callable[[AppliedFile], None] | None,
                  only: tuple[str, ...], applied: list[AppliedFile], reader: TrackReader | None) -> None:
+    """Apply each file with `engagelake.ingest.apply_file`, its steps run as this module's tasks."""
     logger = get_run_logger()
     workspace = Workspace.open(store)
+    check = functools.partial(check_paths, only=only) if only else None
+
+    def apply(workspace: Workspace, batch: RequestFile) -> list[Response] | IdempotentResponsesExpired:
+        return apply_batch(workspace, quoted(batch), quoted(reader))
+
+    def write(batch: RequestFile, responses: list[Response], seconds: float) -> AppliedFile:
+        return write_responses(quoted(batch), quoted(responses), seconds)
+
     for path in find_request_files(folder):
-        batch = read_requests(path)
-        if only:
-            check_paths(batch, only)
-        started = time.perf_counter()
-        responses = apply_batch(workspace, quoted(batch), quoted(reader))
-        seconds = time.perf_counter() - started
-        if isinstance(responses, IdempotentResponsesExpired):
-            why = f"applied at {responses.committed_at} ({responses.reason} responses are not kept)"
-            logger.info("%s: skipped, %s", path.name, why)
-            applied.append(skipped_file(batch, why))
-            if on_file_applied is not None:
-                on_file_applied(applied[-1])
-            continue
-        result = write_responses(quoted(batch), quoted(responses), seconds)
-        logger.info(
-            "%s: %d requests, %d objects processed in %.2f s, statuses %s, %d non-fatal errors",
-            path.name,
-            result.requests,
-            result.objects,
-            seconds,
-            result.statuses,
-            result.errors,
-        )
+        outcome = apply_file(workspace, path, check=check, read=read_requests, apply=apply, write=write)
+        result = outcome.applied
+        if outcome.expired is not None:
+            logger.info("%s: skipped, %s", path.name, result.skipped)
+        else:
+            logger.info(
+                "%s: %d requests, %d objects processed in %.2f s, statuses %s, %d non-fatal errors",
+                path.name,
+                result.requests,
+                result.objects,
+                result.seconds,
+                result.statuses,
+                result.errors,
+            )
         applied.append(result)
         if on_file_applied is not None:
             on_file_applied(result)
@@ -179,11 +177,9 @@ def _apply_files(folder: str, store: str, on_file_applied: Callable[[AppliedFile
 def settle_runs(workspace: Workspace) -> None:
     """Wait for the run merges that follow the last commit, inside the flow run; a failed
     merge loses nothing (the next batch merges again), so it is a warning."""
-    workspace.store.wait_for_merges()
-    for error in workspace.store.merge_errors:
+    for error in settle_merges(workspace):
         get_run_logger().warning("merging sorted runs failed (nothing is lost; the next batch merges again): %s",
                                  error)
-    workspace.store.merge_errors.clear()
 
 
 def check_paths(batch: RequestFile, only: tuple[str, ...]) -> None:

@@ -1,0 +1,81 @@
+"""`engagelake serve`: the REST API over HTTP (FastAPI under uvicorn) on a store."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from engagelake.cli.common import DEFAULT_STORE, Store, fail, input_errors
+
+
+def serve(
+    store: Store = DEFAULT_STORE,
+    host: Annotated[str, typer.Option(help="Interface to listen on (0.0.0.0: every interface).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=0, max=65535, help="TCP port.")] = 8000,
+    rate_limits: Annotated[
+        str, typer.Option("--rate-limits", help="on: the specification's limits; off: none (benchmarks, trusted callers).")
+    ] = "on",
+    rate_limit: Annotated[
+        list[str] | None,
+        typer.Option("--rate-limit", metavar="NAME=REQUESTS/SECONDS",
+                     help="Override one limit, e.g. --rate-limit export=500/60 (repeatable; names in docs/server.md)."),
+    ] = None,
+    max_body_bytes: Annotated[int, typer.Option(min=1, help="Largest request body accepted (413 beyond).")] = 10 * 1024 * 1024,
+    max_queued: Annotated[int, typer.Option(min=1, help="Requests waiting to be applied before new ones get 503 "
+                                                         "with Retry-After.")] = 2000,
+    public_url: Annotated[
+        str | None, typer.Option(help="The URL recipients reach this server at (behind a proxy: the proxy's), "
+                                      "recorded in the store as the base of preference center links.")
+    ] = None,
+    access_log: Annotated[
+        bool, typer.Option(help="Log one line per request (off: a busy server's event loop does less; the "
+                                "proxy in front usually logs them).")
+    ] = True,
+) -> None:
+    """Serve the API over HTTP: every endpoint, with keys, SCIM tokens, rate limits.
+
+    Create a key first (engagelake keys create --name NAME --permissions all); GET /healthz answers once the server is ready. SIGTERM or Ctrl-C finishes and commits the requests in flight, then stops.
+
+    Examples:
+      engagelake serve --store data/store --port 8000
+      engagelake serve --rate-limits off --host 0.0.0.0
+      engagelake serve --public-url https://prefs.example.com
+    """
+    from engagelake.api.limits import DEFAULT_LIMITS, parse_limit
+
+    if rate_limits not in ("on", "off"):
+        fail(f"--rate-limits takes on or off, not {rate_limits!r}")
+    limits = dict(DEFAULT_LIMITS)
+    for text in rate_limit or []:
+        try:
+            name, limit = parse_limit(text)
+        except ValueError as error:
+            fail(f"--rate-limit: {error}")
+        limits[name] = limit
+    with input_errors():
+        import uvicorn
+
+        from engagelake import Workspace
+        from engagelake.api import create_app
+
+        _log_to_stderr("engagelake")  # the writer's reports (INFO), beside uvicorn's own lines
+        workspace = Workspace.open(store)
+        if public_url is not None:
+            workspace.preference_centers.set_public_url(public_url)
+        app = create_app(workspace, rate_limits=limits if rate_limits == "on" else None,
+                         max_body_bytes=max_body_bytes, max_queued=max_queued)
+        uvicorn.run(app, host=host, port=port, log_level="info", access_log=access_log)
+
+
+def _log_to_stderr(name: str) -> None:
+    """INFO and above of logger `name` on stderr, in uvicorn's style (uvicorn configures only its
+    own loggers, so these would otherwise be dropped)."""
+    import logging
+
+    logger = logging.getLogger(name)
+    if not logger.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(levelname)s:     %(name)s: %(message)s"))
+        logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
