@@ -32,7 +32,7 @@ import orjson
 import polars as pl
 from deltalake import DeltaTable, write_deltalake
 
-from bench_track import BODY_SCHEMA, CATEGORIES, COUNTRIES, FIRST_NAMES, PLANS, ext_ids
+from workload import BODY_SCHEMA, CATEGORIES, COUNTRIES, FIRST_NAMES, PLANS, ext_ids
 
 
 def base_users(users: int, seed: int = 1) -> pl.DataFrame:

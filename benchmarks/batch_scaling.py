@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import orjson
 
-from bench_track import IdSpace, mixed_requests
+from workload import IdSpace, mixed_requests
 
 
 def one(store: Path, requests: Path, copy: Path) -> dict[str, float]:

@@ -21,8 +21,9 @@ from typing import Any
 
 import numpy as np
 
-from bench_track import RssSampler, build_store, console, ext_ids, max_rss, mib
 from engagelake import Workspace
+from harness import RssSampler, build_store, console, max_rss, mib
+from workload import ext_ids
 
 TARGET_MERGE_S = 5.0
 

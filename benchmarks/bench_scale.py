@@ -41,20 +41,10 @@ import numpy as np
 import orjson
 from rich.table import Table
 
-from bench_track import (
-    EXPORT,
-    IdSpace,
-    console,
-    errors_in,
-    ext_ids,
-    max_rss,
-    mib,
-    mixed_requests,
-    open_ws,
-    vm_rss,
-)
 from engagelake import Workspace
 from engagelake.rules.messages import EXPORT_FIELDS
+from harness import console, errors_in, max_rss, mib, open_ws, vm_rss
+from workload import EXPORT, IdSpace, ext_ids, mixed_requests
 
 COLD = """
 import json, resource, sys, time
@@ -120,7 +110,7 @@ def p1_engine(store: str, users: int, objects: int, seed: int) -> dict[str, floa
 
 
 def p1_baselines(users: int, objects: int, seed: int, folder: str) -> dict[str, float]:
-    from baseline import hand_written  # it imports bench_track's generator
+    from baseline import hand_written
     return hand_written(p1_requests(users, objects, seed), users, Path(folder))
 
 

@@ -23,7 +23,8 @@ import numpy as np
 import orjson
 from rich.table import Table
 
-from bench_track import (
+from harness import console, errors_in, max_rss, mib, open_ws, vm_rss
+from workload import (
     CATEGORIES,
     COUNTRIES,
     EVENT_NAMES,
@@ -33,15 +34,9 @@ from bench_track import (
     PRICES,
     PRODUCT_IDS,
     WINDOW_MS,
-    console,
-    errors_in,
     ext_ids,
     iso_times,
-    max_rss,
-    mib,
-    open_ws,
     pack,
-    vm_rss,
 )
 
 GENERATED_USERS = 25_000  # users whose request dicts exist at once

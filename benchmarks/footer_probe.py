@@ -19,7 +19,7 @@ from pathlib import Path
 
 from rich.table import Table
 
-from bench_track import console
+from harness import console
 
 TABLES = ("profiles", "external_ids", "attributes", "events", "purchases")
 

@@ -20,8 +20,9 @@ from pathlib import Path
 import numpy as np
 import orjson
 
-from bench_track import IdSpace, RssSampler, mixed_requests
 from engagelake import Workspace
+from harness import RssSampler
+from workload import IdSpace, mixed_requests
 
 
 def main() -> None:

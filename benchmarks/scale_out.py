@@ -156,9 +156,9 @@ def track(store: str, workers: int, objects: int) -> None:
     import orjson
     import polars as pl
 
-    from bench_track import IdSpace, mixed_requests
     from engagelake.files import read_responses_file
     from flows.track_batch import track_batch
+    from workload import IdSpace, mixed_requests
 
     out = Path(tempfile.mkdtemp(prefix="bench-scale-out-", dir=Path(store).parent))
     try:

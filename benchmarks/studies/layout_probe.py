@@ -1,8 +1,8 @@
 """Measure storage layouts for keyed Delta tables: does probing a batch's keys cost what the
 batch touches, or what the store holds?
 
-    cd /work/main && uv run python benchmarks/layout_probe.py [--rows N] [--batches N]
-                                                              [--dir DIR] [--quick] [--keep]
+    cd /work/main && uv run python benchmarks/studies/layout_probe.py [--rows N] [--batches N]
+                                                                      [--dir DIR] [--quick] [--keep]
 
 A profiles-like keyed table (key ``service_id``: 24-char random lowercase hex; 13 columns) is
 generated with numpy/polars, spread over ``--batches`` append batches (batch 0 all new keys,

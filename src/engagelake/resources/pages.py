@@ -17,7 +17,7 @@ from liquid.stream import TokenStream
 from liquid.tag import Tag
 from liquid.token import TOKEN_EXPRESSION, TOKEN_TAG, Token
 
-from engagelake.resources.preference_centers import (
+from engagelake.resources.preference_terms import (
     ERR_FORM_TAG,
     ERR_PARTIAL,
     ERR_RENDER,

@@ -28,6 +28,18 @@ import orjson
 import polars as pl
 
 from engagelake.errors import RequestError
+
+# the pages' messages, re-exported (`X as X`): every message of the API is a name of this module
+from engagelake.resources.preference_terms import ERR_FORM_TAG as ERR_FORM_TAG
+from engagelake.resources.preference_terms import ERR_PARTIAL as ERR_PARTIAL
+from engagelake.resources.preference_terms import ERR_RENDER as ERR_RENDER
+from engagelake.resources.preference_terms import ERR_TEMPLATE as ERR_TEMPLATE
+from engagelake.resources.preference_terms import (
+    FIELD_GLOBAL,
+    FIELD_GROUP_PREFIX,
+    LINK_KEYS,
+    _Refused,
+)
 from engagelake.routing import Client, Context, Handler, Request, Response
 from engagelake.rules.state import Changes
 
@@ -42,16 +54,10 @@ STATES = ("active", "draft")
 TEXT_FIELDS = ("name", "preference_center_title", "preference_center_page_html", "confirmation_page_html")
 BODY_FIELDS = (*TEXT_FIELDS, "state", "options")
 OPTION_KEYS = ("meta-viewport-content", "links-tags")
-LINK_KEYS = ("rel", "type", "sizes", "color", "href")
 LINK_RELS = ("icon", "shortcut icon", "apple-touch-icon")
 LINK_TYPES = ("image/png", "image/svg", "image/gif", "image/x-icon", "image/svg+xml", "mask-icon")
 GROUP_STATES = ("subscribed", "unsubscribed")
 GLOBAL_STATES = ("subscribed", "unsubscribed", "opted_in")
-# form field names the `form_field_name` tag writes and a submit accepts
-FIELD_GLOBAL = "email_global_state"
-FIELD_GROUP_PREFIX = "subscription_group:"
-# the key `subscribed_state` uses for the global email state (not usable as a group id)
-GLOBAL_KEY = "email_global"
 
 # --- error texts (400 unless noted) -----------------------------------------------------------
 ERR_BODY_NOT_OBJECT = "request body must be a JSON object"
@@ -69,13 +75,10 @@ ERR_LINK_REL = "invalid options.links-tags[{i}].rel: required, one of " + ", ".j
 ERR_LINK_TYPE = "invalid options.links-tags[{i}].type: expected one of " + ", ".join(LINK_TYPES)
 ERR_LINK_TEXT = "invalid options.links-tags[{i}].{key}: expected a string"
 ERR_LINK_HREF = "invalid options.links-tags[{i}].href: required, a non-empty string"
-ERR_TEMPLATE = "invalid {field}: {error} (line {line})"
-ERR_PARTIAL = "include and render are not supported: a page cannot load template '{name}'"
 ERR_NAME_TAKEN = "name '{name}' is already used by preference center {center_id}; names are unique per workspace"
 ERR_NOT_FOUND = "no preference center with id '{center_id}'"  # 404
 ERR_USER_QUERY = "give exactly one of the query parameters external_id or service_id"
 ERR_USER_NOT_FOUND = "no user with {kind} '{value}'"  # 404
-ERR_RENDER = "the page of preference center {center_id} cannot be rendered: {error}"  # 422
 ERR_TOKEN = "invalid token: use the submit URL of a freshly rendered page"  # 403
 ERR_TOKEN_CENTER = "token belongs to another preference center"  # 403
 ERR_TOKEN_EXPIRED = "token expired at {expires}: render the page again for a new submit URL"  # 403
@@ -85,7 +88,6 @@ ERR_FORM_NOT_OBJECT = "form fields must be a JSON object of field name to value"
 ERR_FORM_FIELD = "unknown form field '{field}': this page declares {declared}"
 ERR_FORM_GROUP_VALUE = "invalid value for form field '{field}': expected subscribed or unsubscribed"
 ERR_FORM_GLOBAL_VALUE = "invalid value for form field '{field}': expected subscribed, unsubscribed or opted_in"
-ERR_FORM_TAG = "form_field_name expects ':subscription_group <subscription_group_api_id>' or ':email_global_state'"
 ERR_TRACK = "the submit could not be applied: {errors}"  # 400
 ERR_NOT_PUBLISHED = "preference center {center_id} is a draft: its page is not published"  # 404
 ERR_LINK_USER = ("give exactly one of the query parameters external_id, service_id, or alias_name "
@@ -103,14 +105,6 @@ class PreferenceCenterError(RequestError):
 
     def __init__(self, status: int, body: Any):
         super().__init__(f"{status}: {body}", status, body)
-
-
-class _Refused(Exception):
-    """Ends a handler early with an error response `{"message": ...}`."""
-
-    def __init__(self, status: int, message: str):
-        super().__init__(message)
-        self.response = Response(status, {"message": message})
 
 
 def answering(handler: Callable[[Context, Request], Response]) -> Handler:

@@ -18,7 +18,7 @@ from engagelake.rules import formats as F
 from engagelake.rules import messages as M
 from engagelake.rules.profile.validate import normalize_email, normalize_phone
 from engagelake.rules.state import State
-from engagelake.tables.schema import UTC_TS
+from engagelake.tables.types import UTC_TS
 
 WINDOW = timedelta(days=90)
 POINT_READS_MAX = 1000  # up to this many users, exports read rows by binary search

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import polars as pl
 
-UTC_TS = pl.Datetime("us", "UTC")
+from engagelake.tables.types import UTC_TS
 
 SCHEMAS: dict[str, dict[str, pl.DataType]] = {
     # workspace-level settings by name; `value` is JSON text (today only `multi_language`)

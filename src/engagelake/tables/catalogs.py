@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import polars as pl
 
-UTC_TS = pl.Datetime("us", "UTC")
+from engagelake.tables.types import UTC_TS
 
 SCHEMAS: dict[str, dict[str, pl.DataType]] = {
     # one row per catalog; `fields` is JSON text [{name, type}], `id` first

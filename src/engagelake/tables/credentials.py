@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import polars as pl
 
-UTC_TS = pl.Datetime("us", "UTC")
+from engagelake.tables.types import UTC_TS
 
 # not published with the data (`Workspace.publish`): who may call the API is no reader's business
 UNPUBLISHED = ("api_keys", "scim_tokens")

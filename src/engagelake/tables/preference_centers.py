@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import polars as pl
 
-UTC_TS = pl.Datetime("us", "UTC")
+from engagelake.tables.types import UTC_TS
 
 SCHEMAS: dict[str, dict[str, pl.DataType]] = {
     # one row per center; `options` is compact JSON text (null when none was sent)

@@ -11,8 +11,7 @@ from engagelake.tables import catalogs as tables_catalogs
 from engagelake.tables import credentials as tables_credentials
 from engagelake.tables import preference_centers as tables_preference_centers
 from engagelake.tables import scim as tables_scim
-
-UTC_TS = pl.Datetime("us", "UTC")
+from engagelake.tables.types import UTC_TS
 
 PROFILE_STRING_FIELDS = (
     "first_name", "last_name", "email", "phone", "dob", "gender", "country", "language",

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import polars as pl
 
-UTC_TS = pl.Datetime("us", "UTC")
+from engagelake.tables.types import UTC_TS
 
 SCHEMAS: dict[str, dict[str, pl.DataType]] = {
     # one row per dashboard user; `user_name_key` is the lower-cased userName (uniqueness, filter)

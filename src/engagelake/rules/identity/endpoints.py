@@ -28,7 +28,7 @@ from engagelake.rules.identity.profiles_merge import (
 )
 from engagelake.rules.profile.track import service_ids
 from engagelake.rules.state import Changes, State, apply_changes
-from engagelake.tables.schema import UTC_TS
+from engagelake.tables.types import UTC_TS
 
 IDENTITY_PATHS: dict[str, str] = {
     "merge": "/users/merge",

@@ -31,7 +31,8 @@ from engagelake.rules.profile.reading import TrackInput
 from engagelake.rules.profile.validate import ValidTrack
 from engagelake.rules.state import Changes, State
 from engagelake.tables.partial import SET, mask_of
-from engagelake.tables.schema import SCHEMAS, UTC_TS, conform
+from engagelake.tables.schema import SCHEMAS, conform
+from engagelake.tables.types import UTC_TS
 
 SEP = "\x1f"  # joins alias label and name, app_id and token, into one key
 

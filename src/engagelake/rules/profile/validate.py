@@ -18,7 +18,7 @@ from engagelake.rules import formats as F
 from engagelake.rules import messages as M
 from engagelake.rules.profile.parse import ARRAYS, ParsedTrack
 from engagelake.rules.reference import COUNTRY_CODES, LANGUAGE_CODES
-from engagelake.tables.schema import UTC_TS
+from engagelake.tables.types import UTC_TS
 
 INTEGER_TYPES = ("BIGINT", "UBIGINT")
 NUMBER_TYPES = ("BIGINT", "UBIGINT", "DOUBLE")
