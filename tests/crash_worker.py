@@ -22,7 +22,7 @@ from deltalake import DeltaTable
 
 from engagelake import Workspace
 from engagelake.rules.messages import EXPORT_FIELDS
-from engagelake.store.delta import CRASH_ENV, LEDGER
+from engagelake.store.layout import CRASH_ENV, LEDGER
 from engagelake.tables.schema import TABLES, USER_TABLES
 
 NOW = datetime(2026, 11, 22, 12, tzinfo=UTC)

@@ -26,7 +26,7 @@ from engagelake.api import create_app
 from engagelake.api.limits import DEFAULT_LIMITS, LIMITED, PER_LINK, Limit
 from engagelake.permissions import ENDPOINT_PERMISSIONS, KEY_PERMISSIONS, SCIM, SIGNED_LINK
 from engagelake.resources.scim import ERROR_SCHEMA
-from engagelake.workspace import ROUTE_TABLE
+from engagelake.routes import ROUTE_TABLE
 
 ORIGIN = "https://idp.example.com"
 

@@ -204,17 +204,17 @@ def test_a_table_whose_first_version_added_files_or_has_no_log_is_not_created_em
 
 def test_a_new_stores_tables_answer_without_loading_their_logs(tmp_path, monkeypatch):
     from engagelake import Workspace
-    from engagelake.store import delta
+    from engagelake.store import objects
 
     ws = Workspace.open(tmp_path / "store", seed="s")
     loads: list[str] = []
-    real = delta.DeltaTable
+    real = objects.DeltaTable
 
     def counted(uri: str, *args, **kwargs):
         loads.append(os.path.basename(uri))
         return real(uri, *args, **kwargs)
 
-    monkeypatch.setattr(delta, "DeltaTable", counted)
+    monkeypatch.setattr(objects, "DeltaTable", counted)
     fresh = Workspace.open(tmp_path / "store", seed="s")  # a new process's view: nothing cached
     asked = fresh.call("POST", "/users/export/ids", {"external_ids": ["nobody"], "fields_to_export": ["first_name"]})
     assert asked.body["invalid_user_ids"] == ["nobody"]

@@ -226,7 +226,8 @@ def test_a_ledger_written_before_digests_and_subjects_compacts_as_it_reads(tmp_p
     batches lose their stored responses, and a replay of a keyed batch is still refused."""
     from deltalake import write_deltalake
 
-    from engagelake.store.delta import _DUCK_TYPES, LEDGER_SCHEMA
+    from engagelake.store.ledger import DUCK_TYPES as _DUCK_TYPES
+    from engagelake.store.ledger import LEDGER_SCHEMA
 
     assert _DUCK_TYPES.keys() == LEDGER_SCHEMA.keys()
     ws = open_store(tmp_path / "s", response_retention=timedelta(0))

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engagelake import Workspace
-from engagelake.store import delta, records
+from engagelake.store import layout, records, writes
 from engagelake.store.footers import (
     BLOOM_SUFFIX,
     INDEX_FOLDER,
@@ -117,7 +117,7 @@ def _copies(store: Path) -> set[str]:
 
 
 def _sorted_files(ws: Workspace) -> set[str]:
-    head = ws.store._read_head()
+    head = ws.store.ledger.read_head()
     return {Path(f).name for name in SORT_BY for f in ws.store.files(name, head.versions.get(name))}
 
 
@@ -132,7 +132,7 @@ def test_run_merges_and_compaction_index_their_files_and_a_fresh_reader_parses_n
     merged = _indexes(tmp_path / "store")
     assert merged and merged <= _sorted_files(ws)
     assert _blooms(tmp_path / "store") == merged  # each indexed file has its keys' filter
-    ext_ids = {Path(f).name for f in ws.store.files("external_ids", ws.store._read_head().versions["external_ids"])}
+    ext_ids = {Path(f).name for f in ws.store.files("external_ids", ws.store.ledger.read_head().versions["external_ids"])}
     assert _copies(tmp_path / "store") == merged & ext_ids  # and the identity table's a row-addressable copy
     track_ok(ws, attributes=[{"external_id": "b0-u1", "_update_existing_only": True, "plan": "free"}])
     delete = ws.call("POST", "/users/delete", {"external_ids": ["b3-u4"]})
@@ -141,7 +141,7 @@ def test_run_merges_and_compaction_index_their_files_and_a_fresh_reader_parses_n
     assert _indexes(tmp_path / "store") == _sorted_files(ws)  # the vacuumed files' indexes are gone
     assert _blooms(tmp_path / "store") == _sorted_files(ws)  # and their filters
     assert _copies(tmp_path / "store") == _sorted_files(ws) & {
-        Path(f).name for f in ws.store.files("external_ids", ws.store._read_head().versions["external_ids"])}
+        Path(f).name for f in ws.store.files("external_ids", ws.store.ledger.read_head().versions["external_ids"])}
     text = "".join(p.read_bytes().decode("latin-1") for p in (tmp_path / "store" / INDEX_FOLDER).rglob("*") if p.is_file())
     assert "b3-u4" not in text  # an erased user's key is in no index
 
@@ -156,7 +156,7 @@ def test_a_batchs_big_runs_are_indexed_before_its_ledger_row(tmp_path: Path, mon
     """A commit indexes the runs it writes of at least INDEXED_RUN_ROWS rows, before its ledger
     row: a fresh reader probes them by their index and Bloom filter, never their footers, and a
     key they lack reads none of their row groups."""
-    monkeypatch.setattr(delta, "INDEXED_RUN_ROWS", 40)
+    monkeypatch.setattr(writes, "INDEXED_RUN_ROWS", 40)
     ws = open_ws(tmp_path)
     ws.store.background_merges = False
     store = tmp_path / "store"
@@ -166,7 +166,7 @@ def test_a_batchs_big_runs_are_indexed_before_its_ledger_row(tmp_path: Path, mon
         if name == "before_ledger":
             seen.append(_blooms(store))
 
-    monkeypatch.setattr(delta, "_failpoint", at)
+    monkeypatch.setattr(layout, "failpoint", at)
     track_ok(ws, attributes=[{"external_id": f"u{n}", "plan": "pro"} for n in range(50)])
     track_ok(ws, attributes=[{"external_id": "u0", "plan": "free"}])  # a small run: not indexed
     monkeypatch.undo()
@@ -194,22 +194,22 @@ def test_a_merged_away_files_copy_goes_at_once_and_the_file_still_reads(tmp_path
     """Copies are the biggest caches: a run merge removes those of the files it replaced, not
     compaction. A reader still at the head before the merge (a batch under way) reads those
     files' row groups."""
-    monkeypatch.setattr(delta, "INDEXED_RUN_ROWS", 1)  # every run indexed, copies included
+    monkeypatch.setattr(writes, "INDEXED_RUN_ROWS", 1)  # every run indexed, copies included
     ws = open_ws(tmp_path)
     ws.store.background_merges = False
     ws.store.merge_trigger = 2
     store = tmp_path / "store"
     track_ok(ws, attributes=[{"external_id": f"b0-u{n}", "plan": "pro"} for n in range(5)])
-    first = ws.store.files("external_ids", ws.store._read_head().versions["external_ids"])
+    first = ws.store.files("external_ids", ws.store.ledger.read_head().versions["external_ids"])
     for batch in range(1, 5):
         track_ok(ws, attributes=[{"external_id": f"b{batch}-u{n}", "plan": "pro"} for n in range(5)])
     assert ws.store.merges
-    current = {Path(f).name for f in ws.store.files("external_ids", ws.store._read_head().versions["external_ids"])}
+    current = {Path(f).name for f in ws.store.files("external_ids", ws.store.ledger.read_head().versions["external_ids"])}
     assert not {Path(f).name for f in first} & current  # the first run was merged away
     assert _copies(store) == current  # every current file has its copy, no replaced one has
     assert _indexes(store) > _sorted_files(ws)  # the replaced files' indexes stay until compaction
     footers = FooterCache(root=str(store))
-    rows = read_where(first, "external_id", pl.Series(["b0-u2"]), footers, delta._stored_schema("external_ids"))
+    rows = read_where(first, "external_id", pl.Series(["b0-u2"]), footers, layout.stored_schema("external_ids"))
     assert rows["external_id"].to_list() == ["b0-u2"]
     assert footers.rows_taken == 0 and footers.groups_read == 1
 

@@ -215,9 +215,9 @@ def test_compaction_streams_each_table_into_files_of_at_most_the_cap(
     once one holds `MERGED_FILE_BYTES` (at a row group's end): one file a table by default,
     a file per streamed chunk (here one 1,024-row group) with a 1-byte cap; the rows read back
     the same either way."""
-    from engagelake.store import appends, delta, merging
+    from engagelake.store import appends, layout, merging
     if cap is not None:
-        monkeypatch.setattr(delta, "MERGED_FILE_BYTES", cap)
+        monkeypatch.setattr(layout, "MERGED_FILE_BYTES", cap)
         monkeypatch.setattr(appends, "STREAM_CHUNK_GROUPS", 1)
         monkeypatch.setattr(merging, "STREAM_ROWS", 1_024)
     ws = open_ws(tmp_path)
@@ -272,7 +272,7 @@ def _without_indexes(root: Path) -> Workspace:
     head = ws.store.head
     for index in INDEXES:
         shutil.rmtree(root / "store" / index)
-    ws.store._append_ledger(head.batch_no + 1, None, {k: v for k, v in head.versions.items() if k not in INDEXES},
+    ws.store.ledger.append(head.batch_no + 1, None, {k: v for k, v in head.versions.items() if k not in INDEXES},
                             head.next_profile_n, head.next_update_seq, head.seed, [], kind="compaction")
     return open_ws(root)
 
@@ -332,10 +332,10 @@ def test_runs_kept_across_appends_equal_those_drawn_from_the_log(tmp_path: Path,
     """A writer adds each appended file to the runs it knows (`_note_append`) instead of
     drawing them from every file's statistics again: through appends and merges, they equal
     what a fresh process draws from the table's log."""
-    import engagelake.store.delta as delta
+    import engagelake.store.versions as versions
 
     drawn: list[int] = []  # the files each drawing of runs reads
-    monkeypatch.setattr(delta.merging, "runs_of", lambda actions, root: drawn.append(actions.height) or runs_of(actions, root))
+    monkeypatch.setattr(versions.merging, "runs_of", lambda actions, root: drawn.append(actions.height) or runs_of(actions, root))
     ws = open_ws(tmp_path)
     for n in range(8):
         ws.store.merge_trigger = 2 if n < 4 else NEVER  # merges, then appends only
@@ -356,19 +356,19 @@ def test_a_commit_makes_its_tables_due_for_merging_only_once_its_ledger_row_is_w
     """A merge pass that took a table as due before the batch's ledger row was written read a
     head without the batch's run, found nothing to merge, and left the runs unmerged until the
     next commit (seen: two runs where one was due, under load)."""
-    import engagelake.store.delta as delta
+    from engagelake.store.ledger import Ledger
 
     ws = open_ws(tmp_path)
     ws.store.merge_trigger = 0
     before_ledger: list[tuple[set[str], set[str]]] = []  # (due, due once the row is written)
-    append_ledger = delta.DeltaStore._append_ledger
+    append_ledger = Ledger.append
 
     def spy(self, batch_no, *args, **kwargs):
         if kwargs.get("kind") == "batch":
-            before_ledger.append((set(self._merge_due), set(self._due_pending)))
+            before_ledger.append((set(ws.store.merger._due), set(ws.store.merger._due_pending)))
         return append_ledger(self, batch_no, *args, **kwargs)
 
-    monkeypatch.setattr(delta.DeltaStore, "_append_ledger", spy)
+    monkeypatch.setattr(Ledger, "append", spy)
     for n in range(3):
         track_ok(ws, attributes=[{"external_id": f"u{n}", "n": n}])
         ws.store.wait_for_merges()
@@ -422,11 +422,11 @@ def test_a_merge_pass_leaves_a_dead_compaction_to_the_next_writer(tmp_path: Path
     for n in range(2):
         track_ok(ws, attributes=[{"external_id": f"u{n}"}])
     ledger_rows = DeltaTable(f"{ws.store.uri}/_ledger").to_pyarrow_table(columns=["batch_no"]).num_rows
-    Path(ws.store._compaction_marker()).touch()  # as a compaction killed before its ledger row leaves it
+    Path(ws.store.compactor.marker()).touch()  # as a compaction killed before its ledger row leaves it
     assert ws.store.merge_runs() == []
     assert DeltaTable(f"{ws.store.uri}/_ledger").to_pyarrow_table(columns=["batch_no"]).num_rows == ledger_rows
     track_ok(ws, attributes=[{"external_id": "u9"}])  # rolls the compaction forward, then merges
-    assert not Path(ws.store._compaction_marker()).exists()
+    assert not Path(ws.store.compactor.marker()).exists()
     assert sorted(ws.table("external_ids").collect()["external_id"].to_list()) == ["u0", "u1", "u9"]
     assert ws.store.merge_errors == []
 
@@ -444,7 +444,7 @@ def test_the_pass_under_the_lock_merges_like_the_one_that_publishes_under_it(tmp
         ws.call("POST", "/users/delete", {"external_ids": ["u3"]})
         ws.store.merge_trigger = 0
     local, locked = stores
-    assert set(local.store.merge_runs()) == set(locked.store._merge_runs_locked(None)) >= {"profiles", "attributes"}
+    assert set(local.store.merge_runs()) == set(locked.store.merger.merge_runs_locked(None)) >= {"profiles", "attributes"}
     layouts = []
     for ws in stores:
         ws.store.refresh()

@@ -40,7 +40,7 @@ from tests.model import (
     service_id_for,
 )
 
-import engagelake.workspace as workspace
+import engagelake.batch as batch_module
 from engagelake.rules.messages import EXPORT_FIELDS
 
 try:
@@ -1309,8 +1309,8 @@ def test_apply_with_staged_passes_matches_model(reqs: list[dict]) -> None:
     the stored rows of the users the track requests name read ahead (`store/ahead.py`)."""
     describe(reqs)
     model, want = run_model(reqs)
-    limits = workspace.STAGE_ROWS, workspace.TRACK_RUN_MAX, workspace.READ_AHEAD_MIN_ROWS
-    workspace.STAGE_ROWS, workspace.TRACK_RUN_MAX, workspace.READ_AHEAD_MIN_ROWS = 1, 1, 0
+    limits = batch_module.STAGE_ROWS, batch_module.TRACK_RUN_MAX, batch_module.READ_AHEAD_MIN_ROWS
+    batch_module.STAGE_ROWS, batch_module.TRACK_RUN_MAX, batch_module.READ_AHEAD_MIN_ROWS = 1, 1, 0
     with tempfile.TemporaryDirectory() as tmp:
         ws = new_engine(tmp)
         try:
@@ -1320,7 +1320,7 @@ def test_apply_with_staged_passes_matches_model(reqs: list[dict]) -> None:
                 assert_same(response_pair(g), w, f"response to request {i}")
             assert_same(ws.export_users(), model.export_users(), "final export_users()")
         finally:
-            workspace.STAGE_ROWS, workspace.TRACK_RUN_MAX, workspace.READ_AHEAD_MIN_ROWS = limits
+            batch_module.STAGE_ROWS, batch_module.TRACK_RUN_MAX, batch_module.READ_AHEAD_MIN_ROWS = limits
             close(ws)
 
 

@@ -54,9 +54,9 @@ from engagelake.errors import (
     StoreReadOnly,
     TurnEndedError,
 )
-from engagelake.store import appends, delta, lease, merging, objects
-from engagelake.store.delta import DeltaStore
+from engagelake.store import appends, layout, lease, merging, objects
 from engagelake.store.lease import Lease
+from engagelake.store.ledger import Ledger
 from engagelake.store.publish import published
 
 pytest_plugins = ["tests.s3_server"]
@@ -284,15 +284,15 @@ def test_a_commit_that_fails_midway_on_s3_is_rolled_back_by_the_next_writer(
     then = {"attributes": [{"external_id": "b", "plan": "pro"}]}
     assert ws.call("POST", "/users/track", first).status == 201
     local.call("POST", "/users/track", first)
-    real = DeltaStore._append_ledger
+    real = Ledger.append
 
-    def fail_batches(self: DeltaStore, batch_no: int, *args: Any, **kwargs: Any) -> Any:
+    def fail_batches(self: Ledger, batch_no: int, *args: Any, **kwargs: Any) -> Any:
         if kwargs.get("kind") == "batch":
             raise OSError("the ledger could not be written")
         return real(self, batch_no, *args, **kwargs)
 
     with monkeypatch.context() as patch:
-        patch.setattr(DeltaStore, "_append_ledger", fail_batches)
+        patch.setattr(Ledger, "append", fail_batches)
         with pytest.raises(OSError, match="ledger could not be written"):
             ws.call("POST", "/users/track", lost)
     assert ws.call("POST", "/users/track", then).status == 201
@@ -316,7 +316,7 @@ def test_table_versions_no_ledger_row_names_are_rolled_back_before_a_write_even_
     for store in (ws, local):
         assert store.call("POST", "/users/track", first).status == 201
     with monkeypatch.context() as patch:
-        patch.setattr(DeltaStore, "_append_ledger", lambda *args, **kwargs: (_ for _ in ()).throw(
+        patch.setattr(Ledger, "append", lambda *args, **kwargs: (_ for _ in ()).throw(
             StoreError("this writer's turn had ended")))
         with pytest.raises(StoreError, match="turn had ended"):
             ws.call("POST", "/users/track", refused)
@@ -345,12 +345,12 @@ def test_a_writer_whose_lease_ended_unseen_cannot_write_its_ledger_row_after_ano
     first = {"attributes": [{"external_id": "u1", "plan": "free"}]}
     for store in (a, local):
         assert store.call("POST", "/users/track", first).status == 201
-    real = DeltaStore._append_ledger
+    real = Ledger.append
     others = {"attributes": [{"external_id": "u2", "plan": "pro"}, {"external_id": "u1", "visits": 2}]}
 
-    def paused_then_resumed(self: DeltaStore, *args: Any, **kwargs: Any) -> Any:
-        if self is a.store and kwargs.get("kind") == "batch":
-            held = self._lease
+    def paused_then_resumed(self: Ledger, *args: Any, **kwargs: Any) -> Any:
+        if self is a.store.ledger and kwargs.get("kind") == "batch":
+            held = self.place.lease
             assert held is not None
             held._stop.set()  # its renewals stop, and nothing notices
             assert held._renewer is not None
@@ -360,11 +360,11 @@ def test_a_writer_whose_lease_ended_unseen_cannot_write_its_ledger_row_after_ano
             assert held._lost is None  # the check before the row passes
         return real(self, *args, **kwargs)
 
-    monkeypatch.setattr(DeltaStore, "_append_ledger", paused_then_resumed)
+    monkeypatch.setattr(Ledger, "append", paused_then_resumed)
     with pytest.raises(StoreError, match="another writer committed"):
         a.call("POST", "/users/track", {"attributes": [{"external_id": "u1", "plan": "lost"},
                                                        {"external_id": "ghost"}]})
-    monkeypatch.setattr(DeltaStore, "_append_ledger", real)
+    monkeypatch.setattr(Ledger, "append", real)
     assert _unnamed_files(uri, "_ledger") == set()  # the refused row's file went with it
     local.call("POST", "/users/track", others)
     for reader in (open_s3(uri), b):
@@ -512,7 +512,7 @@ def test_a_compaction_killed_on_s3_rolls_forward_to_the_same_content(
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
     after = snapshot(open_store(uri))
     assert {k: v for k, v in after.items() if k != "head"} == {k: v for k, v in before.items() if k != "head"}
-    assert not open_store(uri).store._compacting()
+    assert not open_store(uri).store.place.compacting()
     open_store(uri).compact()  # and compacting again finishes the job
     assert snapshot(open_store(uri))["export"] == before["export"]
 
@@ -526,13 +526,13 @@ def test_a_creation_on_s3_that_died_before_its_ledger_is_done_again(s3: Callable
             raise KeyboardInterrupt  # the process stops between the tables and the ledger
 
     uri = s3()
-    monkeypatch.setattr(delta, "_failpoint", dies)
+    monkeypatch.setattr(layout, "failpoint", dies)
     with pytest.raises(KeyboardInterrupt):
         open_s3(uri)
     monkeypatch.undo()
     ws = open_s3(uri)
     assert ws.call("POST", "/users/track", {"attributes": [{"external_id": "a"}]}).status == 201
-    assert not objects.exists(f"{uri}/{delta.CREATING}")
+    assert not objects.exists(f"{uri}/{layout.CREATING}")
     assert [u["external_id"] for u in open_s3(uri).export_users(["external_id"])] == ["a"]
 
 
@@ -628,7 +628,7 @@ def test_a_batch_whose_lease_ended_leaves_nothing_the_next_one_builds_on(
     uri = s3()
     a, b = open_s3(uri), open_s3(uri)
     assert a.call("POST", "/users/track", {"attributes": [{"external_id": "a", "n": 1}]}).status == 201
-    real, armed = delta._failpoint, [True]
+    real, armed = layout.failpoint, [True]
 
     def paused(name: str) -> None:
         if name == "before_tables" and armed[0]:
@@ -642,7 +642,7 @@ def test_a_batch_whose_lease_ended_leaves_nothing_the_next_one_builds_on(
                 {"name": "id", "type": "string"}]}]}).status == 201  # B writes no table of A's
         real(name)
 
-    monkeypatch.setattr(delta, "_failpoint", paused)
+    monkeypatch.setattr(layout, "failpoint", paused)
     with pytest.raises(StoreError):
         a.call("POST", "/users/track", {"attributes": [{"external_id": "stray", "n": 1}]})
     assert a.call("POST", "/users/track", {"attributes": [{"external_id": "a", "n": 2}]}).status == 201
@@ -668,15 +668,15 @@ def test_check_and_repair_work_on_s3_as_on_a_folder(s3: Callable[[], str], monke
     assert report.healthy and not report.repairable, report.problems
     assert report.uri == uri and report.head is not None and sum(report.checked.values()) > 0
 
-    real = DeltaStore._append_ledger
+    real = Ledger.append
 
-    def fail_batches(self: DeltaStore, batch_no: int, *args: Any, **kwargs: Any) -> Any:
+    def fail_batches(self: Ledger, batch_no: int, *args: Any, **kwargs: Any) -> Any:
         if kwargs.get("kind") == "batch":
             raise OSError("the ledger could not be written")
         return real(self, batch_no, *args, **kwargs)
 
     with monkeypatch.context() as patch:  # tables written, then the ledger row refused
-        patch.setattr(DeltaStore, "_append_ledger", fail_batches)
+        patch.setattr(Ledger, "append", fail_batches)
         with pytest.raises(OSError):
             ws.call("POST", "/users/track", {"attributes": [{"external_id": "a", "plan": "lost"}]})
     ahead = Workspace.check(uri)
@@ -809,7 +809,7 @@ def test_checkpoints_written_on_s3_hold_what_the_log_holds(s3: S3) -> None:
         version = fresh.store.head.versions[name]
         reader = DeltaTable(f"{uri}/{name}", version=version)
         assert set(fresh.store.files(name, version)) == set(reader.file_uris()), name
-        assert fresh.store._logs[name].version == version  # read by engagelake, not delta-rs
+        assert fresh.store.versions.logs[name].version == version  # read by engagelake, not delta-rs
         assert fresh.store.runs(name, version) == merging.runs_of(
             pl.DataFrame(pa.table(reader.get_add_actions(flatten=True))), f"{uri}/{name}"), name
         assert fresh.store.stored_rows(name, version) == sum(

@@ -13,7 +13,7 @@ import pyarrow as pa
 import pytest
 
 from engagelake import Workspace, cpus
-from engagelake import workspace as workspace_module
+from engagelake import batch as batch_module
 from engagelake.rules import duck
 from engagelake.rules.profile import reading
 
@@ -162,7 +162,7 @@ def test_a_small_batch_runs_pinned_and_a_big_pass_unpins(tmp_path, monkeypatch):
     assert os.sched_getaffinity(0) == CPUS  # and back after the batch
 
     # a pass of more text than the threshold unpins before it runs, for the rest of the batch
-    monkeypatch.setattr(workspace_module, "ONE_CPU_PASS_BYTES", 100)
+    monkeypatch.setattr(batch_module, "ONE_CPU_PASS_BYTES", 100)
     seen.clear()
     export = {"method": "POST", "path": "/users/export/ids",
               "body": {"external_ids": ["u1"], "fields_to_export": ["external_id"]}}
@@ -215,11 +215,11 @@ def _runs_of_users(ws: Workspace, prefixes: str, users: int = 5000) -> None:
 def _read_threads(monkeypatch) -> tuple[list[str], list[str]]:
     """The threads that read tables (`read_where`) and row groups (a file's point read):
     spied on, they still run."""
-    from engagelake.store import delta, footers
+    from engagelake.store import footers, snapshot
 
     tables: list[str] = []
     groups: list[str] = []
-    real_table, real_groups = delta.read_where, footers.Footer.read
+    real_table, real_groups = snapshot.read_where, footers.Footer.read
 
     def read_where(*args, **kwargs):
         tables.append(threading.current_thread().name)
@@ -228,7 +228,7 @@ def _read_threads(monkeypatch) -> tuple[list[str], list[str]]:
     def read_groups(self, *args, **kwargs):
         groups.append(threading.current_thread().name)
         return real_groups(self, *args, **kwargs)
-    monkeypatch.setattr(delta, "read_where", read_where)
+    monkeypatch.setattr(snapshot, "read_where", read_where)
     monkeypatch.setattr(footers.Footer, "read", read_groups)
     return tables, groups
 

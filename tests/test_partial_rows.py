@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 from tests.helpers import NOW, SEED, TRACK, Clock, export_one, iso, open_ws, ts
 from tests.test_apply_equals_call import final_state, post_export, post_track
 
-import engagelake.store.delta as delta
-import engagelake.workspace as workspace
+import engagelake.batch as batch_module
+import engagelake.store.writes as writes
 from engagelake import Workspace
 from engagelake.store import merging
 from engagelake.tables.partial import SET, field_bits, fold_over, fold_pair, mask_of, newest
@@ -233,12 +233,12 @@ UPDATES_BETWEEN_PASSES = [
 def _staged_and_held(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, batch: list[dict[str, Any]]) -> list[Any]:
     """`batch` applied to a store with a stage after every request, and to a twin store that
     holds every pass in memory: equal responses and equal final states. Returns the former."""
-    monkeypatch.setattr(workspace, "STAGE_ROWS", 1)
-    monkeypatch.setattr(workspace, "TRACK_RUN_MAX", 1)
+    monkeypatch.setattr(batch_module, "STAGE_ROWS", 1)
+    monkeypatch.setattr(batch_module, "TRACK_RUN_MAX", 1)
     staged_ws = _store(tmp_path / "staged")
     staged = staged_ws.apply(batch)
     with pytest.MonkeyPatch.context() as held_mode:
-        held_mode.setattr(workspace, "STAGE_ROWS", 10**9)
+        held_mode.setattr(batch_module, "STAGE_ROWS", 10**9)
         held_ws = _store(tmp_path / "held")
         held = held_ws.apply(batch)
     assert staged == held
@@ -277,8 +277,8 @@ def test_staged_partial_rows_stay_partial_and_fold_when_read(tmp_path: Path, mon
 
 
 def test_a_staged_batch_of_field_sets_reads_no_profile(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(workspace, "STAGE_ROWS", 1)
-    monkeypatch.setattr(workspace, "TRACK_RUN_MAX", 1)
+    monkeypatch.setattr(batch_module, "STAGE_ROWS", 1)
+    monkeypatch.setattr(batch_module, "TRACK_RUN_MAX", 1)
     ws = _store(tmp_path)
     got = ws.apply([post_track(attributes=[{"external_id": f"u{n % 3}", "first_name": f"N{n}"}]) for n in range(5)])
     assert all(r.status == 201 for r in got)
@@ -291,9 +291,9 @@ def test_a_staged_batch_of_field_sets_reads_no_profile(tmp_path: Path, monkeypat
 
 
 def test_a_store_written_before_partial_rows_keeps_working(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    old_schema = delta._stored_schema
+    old_schema = writes.stored_schema
     with monkeypatch.context() as before:  # the previous version: no mask column
-        before.setattr(delta, "_stored_schema", lambda name: {
+        before.setattr(writes, "stored_schema", lambda name: {
             c: t for c, t in old_schema(name).items() if c != SET})
         ws = _store(tmp_path, template=False)  # created under the old schema, not copied
     assert SET not in pl.read_delta(str(Path(ws.store.uri) / "profiles")).columns

@@ -14,9 +14,9 @@ from hypothesis import strategies as st
 from tests.helpers import open_ws
 from tests.test_apply_equals_call import final_state, post_export, post_track
 
-import engagelake.workspace as workspace
+import engagelake.batch as batch_module
 from engagelake.rules.profile.parse import named_external_ids
-from engagelake.store import ahead, delta
+from engagelake.store import ahead, snapshot
 
 MERGE = "/users/merge"
 
@@ -107,7 +107,7 @@ def _with_and_without(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, batch: li
     responses and the final state of each."""
     results = {}
     for reads_ahead in (True, False):
-        monkeypatch.setattr(workspace, "READ_AHEAD_MIN_ROWS", 0 if reads_ahead else 10**12)
+        monkeypatch.setattr(batch_module, "READ_AHEAD_MIN_ROWS", 0 if reads_ahead else 10**12)
         ws = open_ws(tmp_path, f"ahead-{reads_ahead}")
         _users(ws, 10)
         results[reads_ahead] = ws.apply(copy.deepcopy(batch)), final_state(ws)
@@ -136,9 +136,9 @@ BATCH = [
 @pytest.mark.parametrize("stage", [False, True], ids=["held", "staged"])
 def test_a_batch_that_reads_ahead_answers_and_ends_as_one_that_does_not(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stage: bool) -> None:
-    monkeypatch.setattr(workspace, "TRACK_RUN_MAX", 2)
+    monkeypatch.setattr(batch_module, "TRACK_RUN_MAX", 2)
     if stage:
-        monkeypatch.setattr(workspace, "STAGE_ROWS", 1)
+        monkeypatch.setattr(batch_module, "STAGE_ROWS", 1)
     loads = _counted_loads(monkeypatch)
     results = _with_and_without(tmp_path, monkeypatch, BATCH)
     # three windows: the first five passes' requests, after the merge, after the export
@@ -150,17 +150,17 @@ def test_a_batch_that_reads_ahead_answers_and_ends_as_one_that_does_not(
 
 
 def test_passes_read_ahead_read_the_attributes_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(workspace, "TRACK_RUN_MAX", 2)
-    monkeypatch.setattr(workspace, "READ_AHEAD_MIN_ROWS", 0)
+    monkeypatch.setattr(batch_module, "TRACK_RUN_MAX", 2)
+    monkeypatch.setattr(batch_module, "READ_AHEAD_MIN_ROWS", 0)
     probes: list[int] = []
-    probe = delta.Snapshot.probe
+    probe = snapshot.Snapshot.probe
 
-    def counted(self: delta.Snapshot, name: str, column: str, values: pl.Series, held: Any = None) -> pl.DataFrame:
+    def counted(self: snapshot.Snapshot, name: str, column: str, values: pl.Series, held: Any = None) -> pl.DataFrame:
         if name == "attributes":
             probes.append(values.len())
         return probe(self, name, column, values, held)
 
-    monkeypatch.setattr(delta.Snapshot, "probe", counted)
+    monkeypatch.setattr(snapshot.Snapshot, "probe", counted)
     ws = open_ws(tmp_path)
     _users(ws, 10)
     probes.clear()
@@ -172,7 +172,7 @@ def test_passes_read_ahead_read_the_attributes_once(tmp_path: Path, monkeypatch:
 
 
 def test_a_small_store_reads_no_rows_ahead(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(workspace, "TRACK_RUN_MAX", 2)
+    monkeypatch.setattr(batch_module, "TRACK_RUN_MAX", 2)
     monkeypatch.setattr(ahead.ReadAhead, "load", lambda *_: pytest.fail("read ahead under READ_AHEAD_MIN_ROWS"))
     ws = open_ws(tmp_path)
     _users(ws, 10)
@@ -183,8 +183,8 @@ def test_a_small_store_reads_no_rows_ahead(tmp_path: Path, monkeypatch: pytest.M
 def test_an_overtaken_batch_reads_ahead_again_from_its_spool(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A batch given as a generator, overtaken by another writer's commit, runs again from the
     requests it spooled: its second attempt reads ahead again, over the newer store."""
-    monkeypatch.setattr(workspace, "TRACK_RUN_MAX", 2)
-    monkeypatch.setattr(workspace, "READ_AHEAD_MIN_ROWS", 0)
+    monkeypatch.setattr(batch_module, "TRACK_RUN_MAX", 2)
+    monkeypatch.setattr(batch_module, "READ_AHEAD_MIN_ROWS", 0)
     ws, other = open_ws(tmp_path), open_ws(tmp_path)
     _users(ws, 10)
     commit, attempts = ws.store.commit, []
@@ -208,8 +208,8 @@ def test_a_failed_read_ahead_fails_its_batch_and_leaves_the_store_as_it_was(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The rows are read in a thread of their own: its error reaches the batch, whose passes
     wait for them, and nothing of the batch is stored."""
-    monkeypatch.setattr(workspace, "TRACK_RUN_MAX", 2)
-    monkeypatch.setattr(workspace, "READ_AHEAD_MIN_ROWS", 0)
+    monkeypatch.setattr(batch_module, "TRACK_RUN_MAX", 2)
+    monkeypatch.setattr(batch_module, "READ_AHEAD_MIN_ROWS", 0)
     ws = open_ws(tmp_path)
     _users(ws, 10)
     load = ahead.ReadAhead.load
@@ -235,9 +235,9 @@ def test_a_window_names_about_as_many_users_as_hold_read_ahead_max_rows(
     """Rows read ahead are held until their window's passes are done: a window ends once its
     users hold about `READ_AHEAD_MAX_ROWS` attribute rows (here 2 users of 2 rows each, the
     text searched a request at a time), and the batch answers and ends as before."""
-    monkeypatch.setattr(workspace, "TRACK_RUN_MAX", 2)
-    monkeypatch.setattr(workspace, "READ_AHEAD_CHUNK_BYTES", 1)
-    monkeypatch.setattr(workspace, "READ_AHEAD_MAX_ROWS", 4)
+    monkeypatch.setattr(batch_module, "TRACK_RUN_MAX", 2)
+    monkeypatch.setattr(batch_module, "READ_AHEAD_CHUNK_BYTES", 1)
+    monkeypatch.setattr(batch_module, "READ_AHEAD_MAX_ROWS", 4)
     loads = _counted_loads(monkeypatch)
     batch = [post_track(attributes=[{"external_id": f"u{i}", "n": {"inc": 1}}]) for i in range(10)]
     results = _with_and_without(tmp_path, monkeypatch, batch)

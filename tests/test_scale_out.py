@@ -26,11 +26,12 @@ from tests.test_flows import workload
 from tests.test_model_property import SEED, clock, engine_settings, request_sequences
 
 from engagelake import Workspace, workspace
+from engagelake import batch as batch_module
 from engagelake.demo import generate_workload, write_request_files
 from engagelake.errors import StoreError
 from engagelake.files import read_responses_file
 from engagelake.rules.messages import EXPORT_FIELDS
-from engagelake.store import delta
+from engagelake.store import delta, layout
 from engagelake.tables.schema import INDEXES, TABLES
 from flows import export_batch as export_batch_flows
 from flows import track_batch as track_batch_flows
@@ -381,7 +382,7 @@ def test_a_compaction_whose_finish_failed_midway_rolls_forward(store: Path, tmp_
     with pytest.raises(StoreError, match="stopped midway"), ws.compaction(2, min_part_rows=1) as job:
         written = [ws.compact_part(job.plan, part) for part in job.plan.parts]
         with monkeypatch.context() as patched:
-            patched.setattr(delta, "_failpoint", fails)
+            patched.setattr(layout, "failpoint", fails)
             with pytest.raises(OSError, match="disk full"):
                 job.finish(written)
     assert (copied / "_compacting").exists()
@@ -461,7 +462,7 @@ def _files_with_refusals(folder: Path) -> list[Path]:
 def _track_in_shares(flow: Any, folder: Path, store: Path | str, parts: int) -> list[tuple[str, Any, Any]]:
     """Run `flow` over `folder` with shares of any size and passes of 3 requests."""
     with mock.patch.object(track_batch_flows, "MIN_SHARE_BYTES", 1), mock.patch.object(workspace, "_now", lambda: NOW), \
-            mock.patch.object(workspace, "TRACK_RUN_MAX", 3):
+            mock.patch.object(batch_module, "TRACK_RUN_MAX", 3):
         return [(a.path.name, a.statuses, a.errors) for a in flow(str(folder), str(store), parts=parts)]
 
 

@@ -23,7 +23,7 @@ from tests.test_apply_equals_call import (
     post_track,
 )
 
-import engagelake.workspace as workspace
+import engagelake.batch as batch_module
 from engagelake.rules.profile.reading import read_track
 from engagelake.store import merging, scratch, staging
 from engagelake.store.runs import sort_order
@@ -76,8 +76,8 @@ BATCHES = [IDENTITIES_AND_ATTRIBUTES, PUSH_AND_SUBSCRIPTIONS, EVENTS_AND_PURCHAS
 @pytest.fixture
 def stage_counter(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Stage after every pass (passes of one request) and count the stages."""
-    monkeypatch.setattr(workspace, "STAGE_ROWS", 1)
-    monkeypatch.setattr(workspace, "TRACK_RUN_MAX", 1)
+    monkeypatch.setattr(batch_module, "STAGE_ROWS", 1)
+    monkeypatch.setattr(batch_module, "TRACK_RUN_MAX", 1)
     stages = [0]
     add = staging.Stages.add
 
@@ -97,7 +97,7 @@ def test_staged_passes_answer_and_end_as_held_ones(tmp_path: Path, batch: list[d
     staged = staged_ws.apply(batch)
     assert stage_counter[0] >= 3  # the batch really went through stages
     with pytest.MonkeyPatch.context() as held_mode:
-        held_mode.setattr(workspace, "STAGE_ROWS", 10**9)
+        held_mode.setattr(batch_module, "STAGE_ROWS", 10**9)
         held_ws = open_ws(tmp_path, "held")
         held = held_ws.apply(batch)
     assert staged == held
@@ -124,9 +124,9 @@ def test_each_pass_is_read_by_the_reader_the_batch_is_given(tmp_path: Path, monk
     """`apply(read_track=...)` (how a flow reads passes on its workers): passes of two requests,
     each read by the reader, then its rules; an export between passes sees every pass before
     it; the answers and the store are those of one request at a time."""
-    monkeypatch.setattr(workspace, "TRACK_RUN_MAX", 2)
+    monkeypatch.setattr(batch_module, "TRACK_RUN_MAX", 2)
     events: list[str] = []
-    real_apply = workspace.apply_track
+    real_apply = batch_module.apply_track
 
     def read(texts: Any, max_updates: int | None) -> Any:
         events.append(f"read {len(texts)}")
@@ -136,7 +136,7 @@ def test_each_pass_is_read_by_the_reader_the_batch_is_given(tmp_path: Path, monk
         events.append("rules")
         return real_apply(*args, **kwargs)
 
-    monkeypatch.setattr(workspace, "apply_track", apply)
+    monkeypatch.setattr(batch_module, "apply_track", apply)
     batch = [post_track(attributes=[{"external_id": f"p{n}", "n": n, "email": f"p{n % 3}@example.com"}])
              for n in range(7)]
     batch.insert(5, post_export(email_address="p1@example.com"))
@@ -169,7 +169,7 @@ def test_the_stages_folder_goes_with_the_batch(tmp_path: Path, monkeypatch: pyte
     assert stages >= 6  # two attempts
     assert not list(tmp_path.glob("engagelake-stages-*"))
     with pytest.MonkeyPatch.context() as held_mode:
-        held_mode.setattr(workspace, "STAGE_ROWS", 10**9)
+        held_mode.setattr(batch_module, "STAGE_ROWS", 10**9)
         alone = open_ws(tmp_path, "alone")
         alone.apply([post_track(attributes=[{"external_id": "other", "x": 1}])])
         assert alone.apply(IDENTITIES_AND_ATTRIBUTES) == got
@@ -182,15 +182,15 @@ def test_a_generator_is_read_once_as_the_batch_runs(tmp_path: Path, monkeypatch:
     """`apply` takes a generator lazily: earlier passes ran (and staged) before later requests
     were drawn; a retry after another writer's commit replays what was read, from memory or
     from its temporary file."""
-    monkeypatch.setattr(workspace, "SEEN_SPOOL_BYTES", spool)
+    monkeypatch.setattr(batch_module, "SEEN_SPOOL_BYTES", spool)
     spooled: list[bool] = []
-    replay = workspace._Seen.replay
+    replay = batch_module.Seen.replay
 
-    def replayed(self: workspace._Seen) -> Iterator[Any]:
+    def replayed(self: batch_module.Seen) -> Iterator[Any]:
         spooled.append(bool(self.file._rolled))  # type: ignore[attr-defined]
         yield from replay(self)
 
-    monkeypatch.setattr(workspace._Seen, "replay", replayed)
+    monkeypatch.setattr(batch_module.Seen, "replay", replayed)
     stages_seen: list[int] = []
 
     def requests() -> Iterator[dict[str, Any]]:
@@ -321,7 +321,7 @@ def test_a_big_batch_waits_for_the_run_merge_before_it_runs(tmp_path: Path, monk
         waits.append(1)
         wait()
     monkeypatch.setattr(ws.store, "wait_for_merges", counted)
-    monkeypatch.setattr(workspace, "TRACK_RUN_MAX", 2)
+    monkeypatch.setattr(batch_module, "TRACK_RUN_MAX", 2)
     ws.apply([post_track(attributes=[{"external_id": "a", "n": 1}])])
     assert waits == []
     ws.apply([post_track(attributes=[{"external_id": f"b{i}", "n": i}]) for i in range(3)])

@@ -31,7 +31,10 @@ from tests.crash_worker import (
 import engagelake.store.delta as delta
 from engagelake import IdempotencyKeyReused, Workspace
 from engagelake.errors import StoreError
-from engagelake.store.delta import LEDGER
+from engagelake.store import layout, writes
+from engagelake.store.layout import LEDGER
+from engagelake.store.ledger import LEDGER_GROUP_ROWS, LEDGER_SCHEMA, Ledger, ledger_files
+from engagelake.store.merger import RunMerger
 from engagelake.tables.partial import PARTIAL, SET
 from engagelake.tables.schema import SCHEMAS, TABLES
 
@@ -217,13 +220,13 @@ def test_an_error_after_the_ledger_row_landed_is_no_failed_batch(tmp_path: Path,
     server's writer does) never applies it twice."""
     ws = open_ws(tmp_path / "s")
     track(ws, ev("first"))
-    append = delta.DeltaStore._append_ledger
+    append = Ledger.append
 
-    def lands_then_fails(self: delta.DeltaStore, *args: Any, **kwargs: Any) -> None:
+    def lands_then_fails(self: Ledger, *args: Any, **kwargs: Any) -> None:
         append(self, *args, **kwargs)
         raise OSError("checkpoint: no space left on device")
 
-    monkeypatch.setattr(delta.DeltaStore, "_append_ledger", lands_then_fails)
+    monkeypatch.setattr(Ledger, "append", lands_then_fails)
     track(ws, ev("second"))
     assert [type(e) for e in ws.store.commit_errors] == [OSError]
     monkeypatch.undo()
@@ -235,10 +238,10 @@ def test_an_error_before_the_ledger_row_landed_fails_the_batch(tmp_path: Path, m
     ws = open_ws(tmp_path / "s")
     track(ws, ev("first"))
 
-    def fails(self: delta.DeltaStore, *args: Any, **kwargs: Any) -> None:
+    def fails(self: Ledger, *args: Any, **kwargs: Any) -> None:
         raise OSError("no space left on device")
 
-    monkeypatch.setattr(delta.DeltaStore, "_append_ledger", fails)
+    monkeypatch.setattr(Ledger, "append", fails)
     with pytest.raises(OSError, match="no space"):
         track(ws, ev("lost"))
     assert ws.store.commit_errors == []
@@ -250,11 +253,11 @@ def test_a_failed_table_write_fails_the_batch_once_the_others_ended(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A commit writes its tables side by side (`delta._TableWrites`): one that fails fails the
     batch, but only once the write running beside it has ended, and nothing of the batch is seen."""
-    if delta.WRITE_THREADS < 2:
+    if writes.WRITE_THREADS < 2:
         pytest.skip("one CPU: tables are written one by one")
     ws = open_ws(tmp_path / "s")
     track(ws, ev("first"))
-    write_file = delta.appends.write_file
+    write_file = writes.appends.write_file
     release = threading.Event()
     ended: dict[str, float] = {}
 
@@ -268,7 +271,7 @@ def test_a_failed_table_write_fails_the_batch_once_the_others_ended(
         ended[table] = time.monotonic()
         return added
 
-    monkeypatch.setattr(delta.appends, "write_file", faulty)
+    monkeypatch.setattr(writes.appends, "write_file", faulty)
     threading.Timer(0.3, release.set).start()
     with pytest.raises(OSError, match="no space"):
         track(ws, {"attributes": [{"external_id": "u2", "first_name": "Ann", "plan": "pro"}], **ev("lost", "u2")})
@@ -287,10 +290,10 @@ def test_a_merge_that_cannot_start_is_no_failed_batch(tmp_path: Path, monkeypatc
     ws = open_ws(tmp_path / "s")
     ws.store.merge_trigger = 0  # every commit asks for a merge
 
-    def cannot_start(self: delta.DeltaStore) -> None:
+    def cannot_start(self: RunMerger) -> None:
         raise RuntimeError("can't start new thread")
 
-    monkeypatch.setattr(delta.DeltaStore, "_start_merges", cannot_start)
+    monkeypatch.setattr(RunMerger, "start", cannot_start)
     track(ws, ev("first"))
     track(ws, ev("second"))
     assert ws.store.merge_errors and all(isinstance(e, RuntimeError) for e in ws.store.merge_errors)
@@ -345,7 +348,7 @@ def test_reader_refreshing_mid_commit_sees_only_committed_batches(
         if name == "before_ledger" and not seen:
             seen.append((event_names(reader), reader.table("profiles").collect()["external_id"].to_list()))
 
-    monkeypatch.setattr(delta, "_failpoint", look_before_ledger)
+    monkeypatch.setattr(layout, "failpoint", look_before_ledger)
     track(writer, ev("b", "u2"))
     monkeypatch.undo()
     assert seen == [(["a"], ["u1"])]
@@ -367,7 +370,7 @@ def test_reader_opening_mid_commit_does_not_undo_the_live_writers_batch(
         if name == "before_ledger" and not seen:
             seen.append(event_names(open_ws(store)))
 
-    monkeypatch.setattr(delta, "_failpoint", pause_before_ledger)
+    monkeypatch.setattr(layout, "failpoint", pause_before_ledger)
     track(writer, ev("b"))
     monkeypatch.undo()
     assert seen == [["a"]]  # the reader saw only the committed batch
@@ -402,7 +405,7 @@ def test_unique_columns_are_written_without_a_dictionary(tmp_path: Path) -> None
     ws.apply(BATCH_1)
     ws.compact()
     ws.apply(BATCH_1)
-    for name, columns in delta.PLAIN_COLUMNS.items():
+    for name, columns in layout.PLAIN_COLUMNS.items():
         for uri in DeltaTable(str(store / name)).file_uris():
             group = pq.read_metadata(uri.removeprefix("file://")).row_group(0)
             chunks = {group.column(i).path_in_schema: group.column(i) for i in range(group.num_columns)}
@@ -444,13 +447,13 @@ def test_reopened_store_equals_memory_after_a_batch_with_reads_between_changes(t
 def _count_row_group_reads(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
     """(file, row group) of every ledger row group the store reads from now on."""
     reads: list[tuple[str, int]] = []
-    read_row_group = delta.pq.ParquetFile.read_row_group
+    read_row_group = pq.ParquetFile.read_row_group
 
     def counted(self: Any, group: int, *args: Any, **kwargs: Any) -> Any:
         reads.append((self.reader.metadata.num_rows, group))
         return read_row_group(self, group, *args, **kwargs)
 
-    monkeypatch.setattr(delta.pq.ParquetFile, "read_row_group", counted)
+    monkeypatch.setattr(pq.ParquetFile, "read_row_group", counted)
     return reads
 
 
@@ -463,8 +466,8 @@ def test_a_compacted_ledger_of_many_batches_opens_from_its_newest_row_group(
     ws = open_ws(tmp_path)
     ws.call("POST", TRACK, {"attributes": [{"external_id": "a", "n": 1}]})
     ledger = str(tmp_path / "_ledger")
-    last = ws.store._ledger(list(delta.LEDGER_SCHEMA)).sort("batch_no").tail(1)
-    many = 3 * delta.LEDGER_GROUP_ROWS
+    last = ws.store.ledger.rows(list(LEDGER_SCHEMA)).sort("batch_no").tail(1)
+    many = 3 * LEDGER_GROUP_ROWS
     first = last["batch_no"].item() + 1
     write_deltalake(ledger, pl.concat([last] * many).with_columns(
         batch_no=pl.int_range(first, first + many, dtype=pl.Int64)).to_arrow(), mode="append")
@@ -473,7 +476,7 @@ def test_a_compacted_ledger_of_many_batches_opens_from_its_newest_row_group(
     reads = _count_row_group_reads(monkeypatch)
     again = delta.DeltaStore(str(tmp_path))
     assert (again.head.batch_no, again.head.content_batch) == (first + many, first + many - 1)
-    assert len(reads) == 2 and reads[1][0] > delta.LEDGER_GROUP_ROWS  # the compaction's row, the big file's last group
+    assert len(reads) == 2 and reads[1][0] > LEDGER_GROUP_ROWS  # the compaction's row, the big file's last group
     assert ws.call("POST", EXPORT, {"external_ids": ["a"], "fields_to_export": ["custom_attributes"]}).body[
         "users"] == [{"custom_attributes": {"n": 1}}]
 
@@ -484,13 +487,13 @@ def test_a_ledger_whose_files_interleave_is_compacted_in_batch_order(tmp_path: P
 
     ws = open_ws(tmp_path)
     ws.call("POST", TRACK, {"attributes": [{"external_id": "a", "n": 1}]})
-    last = ws.store._ledger(list(delta.LEDGER_SCHEMA)).sort("batch_no").tail(1)
+    last = ws.store.ledger.rows(list(LEDGER_SCHEMA)).sort("batch_no").tail(1)
     first = last["batch_no"].item() + 1
     for parity in (0, 1):  # two files: the even batches, then the odd ones
         numbers = [n for n in range(first, first + 20) if n % 2 == parity]
         write_deltalake(str(tmp_path / "_ledger"), pl.concat([last] * len(numbers)).with_columns(
             batch_no=pl.Series(numbers, dtype=pl.Int64)).to_arrow(), mode="append")
-    assert not delta._ledger_files(DeltaTable(str(tmp_path / "_ledger")))[1]
+    assert not ledger_files(DeltaTable(str(tmp_path / "_ledger")))[1]
     open_ws(tmp_path).compact()
     files = DeltaTable(str(tmp_path / "_ledger")).file_uris()
     rows = max((pl.read_parquet(f)["batch_no"].to_list() for f in files), key=len)  # the compacted file
@@ -509,7 +512,7 @@ def test_opening_reads_the_ledgers_newest_files_only(tmp_path: Path, monkeypatch
         ws.call("POST", TRACK, {"attributes": [{"external_id": f"u{n}", "n": n}]})
     ws.store.merge_trigger = 1
     assert ws.store.merge_runs()  # ... then one: the newest ledger row moves rows only
-    whole = ws.store._ledger(["batch_no", "kind", "versions"]).sort("batch_no")
+    whole = ws.store.ledger.rows(["batch_no", "kind", "versions"]).sort("batch_no")
     content = whole.filter(~pl.col("kind").is_in(["merge", "compaction"]).fill_null(False))["batch_no"].max()
     reads = _count_row_group_reads(monkeypatch)
     again = delta.DeltaStore(str(tmp_path))

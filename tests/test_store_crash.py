@@ -33,7 +33,8 @@ from tests.crash_worker import (
     tables_ahead,
 )
 
-from engagelake.store.delta import MERGE_ENV, SIDE_BY_SIDE, WRITE_THREADS
+from engagelake.store.layout import MERGE_ENV, SIDE_BY_SIDE
+from engagelake.store.writes import WRITE_THREADS
 from engagelake.tables.schema import STORED, TABLES
 
 pytestmark = pytest.mark.slow
@@ -170,7 +171,7 @@ def crash_then_rerun(tmp_path: Path, ref: SimpleNamespace, point: str) -> Path:
 
 @pytest.mark.parametrize("table", ["profiles", "events"])
 def test_crash_while_tables_are_written_side_by_side(tmp_path: Path, ref: SimpleNamespace, table: str) -> None:
-    """The commit's tables are written in two threads (`delta._TableWrites`): a crash as one
+    """The commit's tables are written in two threads (`writes.TableWrites`): a crash as one
     write ends, with another one running, leaves any set of tables ahead of the ledger. The
     store opens to the batch before, and the batch run again gives the uninterrupted store."""
     if WRITE_THREADS < 2:
@@ -230,7 +231,7 @@ def test_crash_during_compaction_rolls_forward_to_the_same_content(
     shutil.copytree(ref.full, store)
     before = snapshot(open_store(store))
     if table == "the last one rewritten":  # tables nothing was written to are left as they are
-        untouched = open_store(store).store._never_written()
+        untouched = open_store(store).store.compactor.never_written()
         table = [name for name in STORED if name not in untouched][-1]
     proc = run_worker(store, f"compact:{table}")
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]

@@ -15,9 +15,11 @@ from tests.helpers import EXPORT, NOW, SEED, TRACK, open_ws
 
 from engagelake import Workspace
 from engagelake.errors import NotAStore, StoreDamaged, StoreExists, StoreReadOnly
-from engagelake.store import delta
-from engagelake.store.check import REPAIRED, check, repair
-from engagelake.store.delta import LEDGER
+from engagelake.store import layout
+from engagelake.store.check import REPAIRED, check
+from engagelake.store.layout import LEDGER
+from engagelake.store.ledger import Ledger
+from engagelake.store.repair import repair
 
 BATCH = {"attributes": [{"external_id": "u2", "first_name": "Bo"}]}
 
@@ -108,7 +110,7 @@ def test_a_creation_that_died_before_its_ledger_is_done_again(tmp_path: Path, mo
         if name == "create:before_ledger":
             raise KeyboardInterrupt  # the process stops between the tables and the ledger
 
-    monkeypatch.setattr(delta, "_failpoint", dies)
+    monkeypatch.setattr(layout, "failpoint", dies)
     with pytest.raises(KeyboardInterrupt):
         Workspace.open(tmp_path / "store")
     monkeypatch.undo()
@@ -116,7 +118,7 @@ def test_a_creation_that_died_before_its_ledger_is_done_again(tmp_path: Path, mo
 
     ws = Workspace.open(tmp_path / "store", seed=SEED)
     assert ws.call("POST", TRACK, BATCH).status == 201
-    assert not (tmp_path / "store" / delta.CREATING).exists()
+    assert not (tmp_path / "store" / layout.CREATING).exists()
     assert check(tmp_path / "store").healthy
 
 
@@ -167,7 +169,7 @@ def test_tables_ahead_of_the_ledger_after_a_crash_are_healthy_and_rolled_back(
         raise OSError(errno.ENOSPC, "no space left on device")
 
     ws = Workspace.open(store, clock=lambda: NOW)
-    monkeypatch.setattr(delta.DeltaStore, "_append_ledger", fails)
+    monkeypatch.setattr(Ledger, "append", fails)
     with pytest.raises(OSError, match="no space"):  # a healthy store: the error is the file system's
         ws.call("POST", TRACK, {"attributes": [{"external_id": "u3", "first_name": "Cy"}]})
     monkeypatch.undo()
@@ -237,7 +239,7 @@ def test_a_read_only_store_reads_and_refuses_writes_clearly(tmp_path: Path, monk
             raise OSError(errno.EROFS, "Read-only file system", str(path))
         return open(path, mode, *args, **kwargs)
 
-    monkeypatch.setattr(delta, "open", refused, raising=False)  # the writer lock's open
+    monkeypatch.setattr(layout, "open", refused, raising=False)  # the writer lock's open
     assert names(store) == ["Al", "Bo"]
     ws = Workspace.open(store, clock=lambda: NOW)
     with pytest.raises(StoreReadOnly, match=f"{store}.*read-only"):
