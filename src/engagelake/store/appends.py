@@ -15,6 +15,13 @@ carry none, which only means a reader skips no file by them. A checkpoint is wri
 `delta.checkpointInterval` versions (100 unless the table says otherwise), with the expired
 log cleanup delta-rs does then.
 
+On a folder every file a commit writes reaches the disk before the commit is said to be made:
+each data file is synced (`fdatasync`) once written, the table's folder once its files are in
+it, the log entry before it is linked into the log, and the log's folder after (`SYNC_ENV`
+turns it off, for stores that are copies). A store's commit point, the ledger's entry, is
+written after every table's entry is synced, so a power cut leaves either the whole batch on
+disk or tables ahead of the ledger, which the next writer rolls back.
+
 On object storage the entry is one conditional put (`objects.put_new`: refused where the entry
 exists, as delta-rs' own commit is), and a checkpoint is written every 10 versions; an
 append there made 8 requests through delta-rs (the log listed before, to check and after the
@@ -31,6 +38,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import unquote
 
 import orjson
 import pyarrow as pa
@@ -49,6 +57,9 @@ CHECKPOINT_INTERVAL = 100  # delta-rs' default for `delta.checkpointInterval`
 # on object storage: `objects.LOG_PROPERTIES` (a fresh reader gets each entry since a checkpoint
 # with a request of its own)
 REMOTE_CHECKPOINT_INTERVAL = int(objects.LOG_PROPERTIES["delta.checkpointInterval"])
+# "0" (or "off"): a folder's commits are not synced to its disk (a scratch copy, a benchmark of
+# the write path without it); anything else, or unset: every file a commit writes is synced
+SYNC_ENV = "ENGAGELAKE_SYNC"
 # rows gathered from a stream before they are written as row groups (a stream's batches may be
 # small; the file's row groups must be whole)
 STREAM_CHUNK_GROUPS = 64
@@ -156,6 +167,51 @@ def _chunks(data: pa.Table | pa.RecordBatchReader, rows: int | None) -> Iterator
         yield pa.Table.from_batches(held, schema=data.schema)
 
 
+def syncing() -> bool:
+    """Whether a folder's commits sync what they write (`SYNC_ENV`)."""
+    return os.environ.get(SYNC_ENV, "1").strip().lower() not in ("0", "off", "false", "no")
+
+
+def sync_file(path: str) -> None:
+    """Sync a local file's data to its disk (`fdatasync`: its size too, not its times)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fdatasync(fd)
+    finally:
+        os.close(fd)
+
+
+def sync_folder(path: str) -> None:
+    """Sync a local folder's entries to its disk: the names of files created, linked or
+    renamed in it are durable only then."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def sync_version(folder: str, version: int) -> None:
+    """Sync one version of a local table that delta-rs wrote (a table created, a table gaining
+    columns, a compaction's rewrite through delta-rs): the data files its log entry adds, the
+    table's folder, the entry and the log's folder. Nothing on object storage (a put is
+    durable once it is answered) or where syncing is off."""
+    if objects.is_remote(folder) or not syncing():
+        return
+    folder = folder.removeprefix("file://")
+    log = os.path.join(folder, "_delta_log")
+    entry = os.path.join(log, f"{version:020d}.json")
+    with open(entry, "rb") as f:
+        adds = [action["add"]["path"] for line in f.read().splitlines() if line.strip()
+                and "add" in (action := orjson.loads(line))]
+    for path in adds:
+        sync_file(unquote(path) if os.path.isabs(unquote(path)) else os.path.join(folder, unquote(path)))
+    if adds:
+        sync_folder(folder)
+    sync_file(entry)
+    sync_folder(log)
+
+
 def write_file(folder: str, data: pa.Table | pa.RecordBatchReader, schema: pa.Schema,
                options: FileOptions) -> tuple[dict[str, Any], int] | None:
     """Write `data` (cast to `schema`) as one Parquet file in the table folder `folder`; returns
@@ -175,12 +231,15 @@ def write_files(folder: str, data: pa.Table | pa.RecordBatchReader, schema: pa.S
     current: tuple[pq.ParquetWriter, pa.NativeFile, str, _Stats] | None = None
     columns = schema.names if options.statistics is None else list(options.statistics)
     target = into or folder
+    sync = not objects.is_remote(target) and syncing()
 
     def close() -> None:
         writer, sink, name, stats = current  # type: ignore[misc]
         writer.close()
         size = sink.tell()
         sink.close()
+        if sync:
+            sync_file(objects.join(target, name).removeprefix("file://"))
         done.append(({"path": name, "partitionValues": {}, "size": size,
                       "modificationTime": int(time.time() * 1000), "dataChange": True, "stats": stats.json()},
                      stats.rows))
@@ -206,6 +265,8 @@ def write_files(folder: str, data: pa.Table | pa.RecordBatchReader, schema: pa.S
         if current is not None:
             close()
             current = None
+        if sync and done and into is None:  # files written elsewhere are synced where they are moved (`move_in`)
+            sync_folder(target.removeprefix("file://"))
     except BaseException:
         if current is not None:
             with suppress(Exception):
@@ -225,6 +286,8 @@ def move_in(folder: str, into: str, adds: list[dict[str, Any]]) -> None:
     file system: a rename each)."""
     for add in adds:
         os.rename(os.path.join(into, add["path"]), os.path.join(folder, add["path"]))
+    if adds and syncing():
+        sync_folder(folder)
 
 
 def commit(folder: str, version: int, adds: list[dict[str, Any]], rows: int,
@@ -252,8 +315,12 @@ def commit(folder: str, version: int, adds: list[dict[str, Any]], rows: int,
             checkpoints.write_or_leave(folder, version)  # committed: a checkpoint only shortens the next loads
         return version
     temporary = os.path.join(log, f"_commit_{uuid.uuid4()}.json.tmp")
+    sync = syncing()
     with open(temporary, "wb") as f:
         f.write(text)
+        if sync:  # the entry's bytes are on disk before any reader can find it
+            f.flush()
+            os.fdatasync(f.fileno())
     try:
         os.link(temporary, os.path.join(log, f"{version:020d}.json"))  # fails if another writer made it
     except FileExistsError as error:
@@ -261,6 +328,8 @@ def commit(folder: str, version: int, adds: list[dict[str, Any]], rows: int,
                          "committed it") from error
     finally:
         os.remove(temporary)
+    if sync:  # the entry's name is on disk: the version is made
+        sync_folder(log)
     if version % CHECKPOINT_INTERVAL == 0:
         _checkpoint(folder)
     return version

@@ -293,6 +293,8 @@ class Compaction:
                     if not store.overwrite_with_files(name, table, rows):
                         objects.write_delta(table, rows, mode="overwrite", writer_properties=layout.writer(name),
                                             schema_mode="overwrite" if name in PARTIAL else None)
+                        # synced before the vacuum deletes the files it replaced
+                        appends.sync_version(store.place.path(name), table.version())
                 layout.failpoint(f"compact:{name}")
         self._check_turn()  # before the ledger is rewritten and old files deleted
         store.compact_ledger(gone, held)

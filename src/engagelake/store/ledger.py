@@ -114,6 +114,7 @@ class Ledger(OnPlace):
             objects.write_delta(self._path(LEDGER), row.to_arrow(), mode="append", schema_mode="merge",
                                 writer_properties=LEDGER_WRITER,
                                 configuration=LEDGER_PROPERTIES if self.local else {**LEDGER_PROPERTIES, **objects.LOG_PROPERTIES})
+            appends.sync_version(self._path(LEDGER), objects.delta_table(self._path(LEDGER)).version())
             return None
         if (not self.local and after is not None and self._properties_set
                 and set(LEDGER_ARROW.names) <= self._columns):

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 import orjson
 import polars as pl
 
-from engagelake.store import merging, objects
+from engagelake.store import appends, merging, objects
 from engagelake.store.layout import LEDGER, Place, files_source
 from engagelake.store.ledger import (
     DUCK_TYPES,
@@ -132,3 +132,4 @@ def compact_ledger(place: Place, memory_limit: str | None, retention: timedelta,
         table.alter.set_table_properties({**LEDGER_PROPERTIES, "delta.logRetentionDuration": "interval 0 days"})
         objects.write_delta(table, merging.stream(con, sql, LEDGER_ARROW), mode="overwrite",
                             schema_mode="overwrite", writer_properties=LEDGER_WRITER)
+        appends.sync_version(place.path(LEDGER), table.version())  # before the vacuum deletes the old files

@@ -190,7 +190,9 @@ class TableWriter(OnPlace):
         """An empty table at its first version (also for tables added after the store was made)."""
         objects.write_delta(self._path(name), pl.DataFrame(schema=stored_schema(name)).to_arrow(), mode="overwrite",
                             configuration=None if self.local else objects.LOG_PROPERTIES)
-        return objects.delta_table(self._path(name)).version()
+        version = objects.delta_table(self._path(name)).version()
+        appends.sync_version(self._path(name), version)  # delta-rs wrote it: synced here (a folder's)
+        return version
 
     def append(self, name: str, data: pa.Table | pa.RecordBatchReader, schema: pa.Schema,
                 options: appends.FileOptions, properties: WriterProperties, *, table: DeltaTable | None = None) -> int:
@@ -218,6 +220,7 @@ class TableWriter(OnPlace):
         objects.write_delta(table, data, mode="append", writer_properties=properties,
                             schema_mode="merge" if name in PARTIAL or name == LEDGER else None,
                             commit_properties=CommitProperties(max_commit_retries=0) if name == LEDGER else None)
+        appends.sync_version(self._path(name), table.version())  # delta-rs wrote it: synced here (a folder's)
         self._heads.pop(name, None)
         if name != LEDGER:
             with self.versions.lock:
