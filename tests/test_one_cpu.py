@@ -280,3 +280,17 @@ def test_a_kept_connection_is_left_as_it_was_found():
         con.execute("CREATE TEMP TABLE b AS SELECT 4 AS a")  # would fail were `b` still there
         with pytest.raises(duckdb.CatalogException):
             con.execute("SELECT * FROM frame")
+
+
+def test_a_kept_connection_drops_the_views_a_use_made():
+    """A snapshot's views (`Snapshot.duckdb`) are views of the main schema: a kept connection
+    drops them too, so that no use reads another's tables (`connections.clear`)."""
+    from engagelake.connections import kept
+
+    with kept("views", duckdb.connect) as con:
+        first = con
+        con.execute("CREATE VIEW profiles AS SELECT 1 AS a")
+    with kept("views", duckdb.connect) as con:
+        assert con is first
+        with pytest.raises(duckdb.CatalogException):
+            con.execute("SELECT * FROM profiles")

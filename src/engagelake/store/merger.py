@@ -10,6 +10,7 @@ import shutil
 import threading
 import time
 import uuid
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import suppress
 from pathlib import Path
 from typing import Any
@@ -47,7 +48,10 @@ class RunMerger(OnPlace):
         self.background = True
         self.merges: list[tuple[str, int, float]] = []  # run merges: (table, runs merged, seconds)
         self.errors: list[BaseException] = []  # a failed merge pass loses nothing (see merge_runs)
-        self._thread: threading.Thread | None = None
+        # the merge passes' thread, made at the first pass and ended with the store (an executor
+        # that is no longer referenced ends its thread), and the pass it runs
+        self._worker: ThreadPoolExecutor | None = None
+        self._pass: Future[None] | None = None
         self._due: set[str] = set()  # tables the last commit left with runs to merge
         # the tables the commit under way leaves so: due only once its ledger row is written (a
         # merge pass that took them earlier would read a head without the batch's runs, find
@@ -90,8 +94,10 @@ class RunMerger(OnPlace):
         if not self.background:
             self.passes(due)
             return
-        self._thread = threading.Thread(target=self.passes, args=(due,), name="engagelake-merge-runs")
-        self._thread.start()  # not a daemon: a process that exits waits for its merge to finish
+        if self._worker is None:  # one thread per store, kept: it keeps its DuckDB connection between merges
+            self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engagelake-merge-runs")
+        # a process that exits waits for the pass (the executor's threads are joined at exit)
+        self._pass = self._worker.submit(self.passes, due)
 
     def passes(self, due: list[str]) -> None:
         """Merge passes until no table is due. The batch is committed: a failed merge must not
@@ -115,9 +121,9 @@ class RunMerger(OnPlace):
     def wait(self) -> None:
         """Wait for this store's merge pass, if one is running (the next commit, compaction,
         `Workspace.close` and the process's exit do)."""
-        merger, self._thread = self._thread, None
-        if merger is not None:
-            merger.join()
+        running, self._pass = self._pass, None
+        if running is not None:
+            running.result()  # `passes` keeps its errors (`errors`): nothing is raised here
 
     def merge_runs(self, tables: list[str] | None = None) -> list[str]:
         """One merge pass: each sorted table (of `tables`, default all) holding more runs than
@@ -214,7 +220,7 @@ class RunMerger(OnPlace):
         files = [f for run in runs for f in run.files]
         order = sort_order(name, KEYS[name])
         assert order is not None
-        with merging.connection(self.turns.memory_limit) as con:
+        with merging.kept_connection(self.turns.memory_limit) as con:
             source = files_source(con, name, files, arrow_schema(name), partial=name in PARTIAL, local=self.local,
                                    sizes=sizes)
             sql = merging.merge_sql(name, list(stored_schema(name)), KEYS[name], order, source, since=runs[-1].first,
@@ -256,7 +262,7 @@ class RunMerger(OnPlace):
         order = sort_order(name, KEYS[name])
         assert order is not None
         schema = arrow_schema(name)
-        with merging.connection(self.turns.memory_limit) as con:
+        with merging.kept_connection(self.turns.memory_limit) as con:
             # DuckDB's own S3 reader would download its extension (`files_source`)
             source = files_source(con, name, files, schema, partial=name in PARTIAL, local=self.local)
             sql = merging.merge_sql(name, list(stored_schema(name)), KEYS[name], order, source, since=since,
