@@ -14,7 +14,7 @@ import pytest
 from tests.helpers import EXPORT, NOW, SEED, TRACK, open_ws
 
 from engagelake import Workspace
-from engagelake.errors import NotAStore, StoreDamaged, StoreExists, StoreReadOnly
+from engagelake.errors import NotAStore, StoreDamaged, StoreError, StoreExists, StoreReadOnly
 from engagelake.store import layout
 from engagelake.store.check import REPAIRED, check
 from engagelake.store.layout import LEDGER
@@ -87,7 +87,7 @@ def test_a_file_is_not_a_store(tmp_path: Path) -> None:
 
 def test_a_new_path_or_an_empty_folder_gets_a_store(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
-    for path in (tmp_path / "empty", tmp_path / "new" / "store"):
+    for path in (tmp_path / "empty", tmp_path / "new"):  # a new path: its parent exists (issue 56)
         ws = Workspace.open(path, seed=SEED)
         assert ws.store.head.batch_no == 0
         assert check(path).healthy
@@ -258,3 +258,14 @@ def test_a_read_only_folder_reads_and_refuses_writes(tmp_path: Path) -> None:
     finally:
         for path in [store, *store.rglob("*")]:
             path.chmod(path.stat().st_mode | 0o200)
+
+
+def test_a_store_is_not_created_where_its_parent_folder_is_missing(tmp_path: Path) -> None:
+    """A mistyped path must not grow a new store, nor the folders above it (issue 56): the
+    store's own folder is made, never its missing parents, as SQLite and DuckDB refuse a
+    database in a missing folder."""
+    with pytest.raises(StoreError, match="parent folder .*missing/parent does not exist; create it first"):
+        Workspace.open(tmp_path / "missing" / "parent" / "store")
+    assert not (tmp_path / "missing").exists()
+    Workspace.open(tmp_path / "store")  # an existing parent: the store is made
+    assert (tmp_path / "store" / LEDGER).is_dir()

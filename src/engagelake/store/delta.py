@@ -177,9 +177,13 @@ class DeltaStore:
         """Every table empty, then the ledger; a marker file says a creation is under way, so
         that a creation that died before its ledger is done again, not taken for damage."""
         if self.local:
+            root = Path(self.uri)
+            if not root.parent.is_dir():  # a mistyped path must not grow a tree of folders and a store
+                raise StoreError(f"cannot create a store at {self.uri}: its parent folder {root.parent} does not "
+                                 "exist; create it first, or pass the path of an existing store")
             try:
-                Path(self.uri).mkdir(parents=True, exist_ok=True)
-                (Path(self.uri) / CREATING).touch()
+                root.mkdir(exist_ok=True)
+                (root / CREATING).touch()
             except OSError as error:
                 raise StoreError(f"cannot create a store at {self.uri}: {error.strerror}") from error
         else:  # (created under the lease: `__init__`)
