@@ -23,7 +23,7 @@ from tests.helpers import NOW, open_ws
 
 from engagelake import Workspace
 from engagelake.api import create_app
-from engagelake.api.limits import DEFAULT_LIMITS, LIMITED, PER_LINK, Limit
+from engagelake.api.limits import DEFAULT_LIMITS, LIMITED, PER_ADDRESS, PER_LINK, Limit
 from engagelake.permissions import ENDPOINT_PERMISSIONS, KEY_PERMISSIONS, SCIM, SIGNED_LINK
 from engagelake.resources.scim import ERROR_SCHEMA
 from engagelake.routes import ROUTE_TABLE
@@ -171,7 +171,8 @@ def test_every_endpoint_answers_over_http_as_workspace_call(tmp_path: Path) -> N
 def test_the_permission_table_covers_every_route() -> None:
     assert {(m, p) for p, methods in ROUTE_TABLE.items() for m in methods} == set(ENDPOINT_PERMISSIONS)
     assert set(LIMITED) <= set(ENDPOINT_PERMISSIONS)
-    assert set(LIMITED.values()) | {PER_LINK} == set(DEFAULT_LIMITS)  # PER_LINK: the recipients' pages
+    # PER_LINK: the recipients' pages; PER_ADDRESS: requests refused for their credential
+    assert set(LIMITED.values()) | {PER_LINK, PER_ADDRESS} == set(DEFAULT_LIMITS)
 
 
 @pytest.fixture(scope="module")
@@ -200,7 +201,7 @@ def test_permission_matrix(keyed: tuple[httpx.Client, Workspace, dict[str, str]]
         with_key = send(client, method, path, body, bearer(keys["all"]))
         if permission == SCIM:  # an API key is no SCIM token
             assert with_key.status_code == 401 and with_key.json()["schemas"] == [ERROR_SCHEMA]
-        else:  # the signed link is the credential: no key needed, the handler checks the token
+        else:  # the signed link is the credential: no key needed, the server checks the token
             assert with_key.status_code != 401 and send(client, method, path, body).status_code != 401
         return
     for other, key in keys.items():

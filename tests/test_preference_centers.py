@@ -271,7 +271,8 @@ def test_update_rejects(shared, body, message):
     ("GET", f"{BASE}/nope", None),
     ("PUT", f"{BASE}/nope", {"state": "draft"}),
     ("GET", f"{BASE}/nope/page?external_id=u1", None),
-    ("POST", f"{BASE}/nope/submit?token=x", {}),
+    # a token signed for the unknown center (a bad token is refused first: 403, test_forged_tokens_change_nothing)
+    ("POST", f"{BASE}/nope/submit?token={P.sign_token(SEED, 'nope', service_id(0), NOW + P.TOKEN_LIFETIME)}", {}),
 ])
 def test_unknown_center_is_404(shared, method, path, body):
     r = shared.call(method, path, body)
@@ -449,6 +450,9 @@ def test_forged_tokens_change_nothing(users):
         r = ws.call("POST", f"{BASE}/{center_id}/submit", {"email_global_state": "unsubscribed"}, {"token": token})
         assert (r.status, r.body) == (403, {"message": P.ERR_TOKEN}), token
     r = ws.call("POST", f"{BASE}/{center_id}/submit", {"email_global_state": "unsubscribed"})
+    assert (r.status, r.body) == (403, {"message": P.ERR_TOKEN})
+    # the token is checked before the center: an unknown center's submit with a bad token is 403 too
+    r = ws.call("POST", f"{BASE}/nope/submit", {"email_global_state": "unsubscribed"}, {"token": "forged"})
     assert (r.status, r.body) == (403, {"message": P.ERR_TOKEN})
     assert_unchanged(ws, before)
 

@@ -134,7 +134,9 @@ def read_request_file(path: str | Path) -> RequestFile:
             digest.update(piece)
     if path.suffix == ".parquet":
         _parquet_columns(path, path.read_bytes())
-    return RequestFile(path=path, idempotency_key=f"{path.name}:{digest.hexdigest()}")
+    # a name of bytes that are not UTF-8 (read as lone surrogates) is keyed by its escape: the ledger keeps UTF-8
+    name = path.name.encode("utf-8", "backslashreplace").decode()
+    return RequestFile(path=path, idempotency_key=f"{name}:{digest.hexdigest()}")
 
 
 def responses_path(path: str | Path) -> Path:

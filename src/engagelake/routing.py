@@ -10,12 +10,16 @@ The route table itself is built in `routes.py`, above `resources/` (which import
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 import json
 import math
 import re
+import uuid
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import date, datetime, time
+from decimal import Decimal
 from typing import Any, Protocol
 from urllib.parse import parse_qsl
 
@@ -135,13 +139,31 @@ class Router:
                 return pattern, None
         return None, Response(404, {"message": M.NOT_FOUND.format(method=printable(method), path=printable(path))})
 
+    def body_refusal(self, method: str, path: str, body: Any) -> Response | None:
+        """The 400 that `routed` answers for this body (it cannot be parsed, or holds what JSON
+        cannot carry), or None; `method` and `path` name a route (`route_of`). The server asks
+        before it queues a request, so that no such body joins a batch."""
+        method = method.upper()
+        path, _ = split_path(path)
+        endpoint = next(methods[method] for regex, methods in self.routes if regex.match(path))
+        try:
+            self._json_body(body, method, endpoint)
+        except _Bad as bad:
+            return bad.response
+        except RecursionError:  # nothing of the parse should recurse; should it, the request's own 400
+            return _too_deep(endpoint).response
+        return None
+
     def routed(self, request: Any) -> Routed:
         """One request as a batch keeps it (`Routed`): a bulk request as its text only, one
-        that routes nowhere as its 400, 404 or 405 response."""
+        that routes nowhere, or whose body or query cannot be read, as its 400, 404 or 405
+        response. Nothing one request holds makes the batch fail."""
         try:
             endpoint, routed, text = self._route(request)
         except _Bad as bad:
             return None, None, bad.response
+        except RecursionError:  # as in `body_refusal`
+            return None, None, _too_deep(None).response
         if isinstance(endpoint, str) and endpoint != "export":
             return endpoint, None, text  # its dicts go: a pass reads the text
         return endpoint, routed, text
@@ -164,25 +186,177 @@ class Router:
                                                         allowed=", ".join(methods)))
         endpoint = methods[method]
         body, text = self._json_body(request.get("body"), method, endpoint)
+        if extra:  # as an HTTP client would send it: datetimes as text; what JSON cannot hold refused
+            try:
+                extra = _plain(extra, "query", escape=True)
+            except _Unheld as unheld:
+                raise _Bad(400, unheld.message) from None
         # URL text reaches handlers that echo it: lone surrogates (no HTTP client can send one) escaped
         query = {printable(k): printable(v) if isinstance(v, str) else v for k, v in {**query, **(extra or {})}.items()}
         params = {k: printable(v) for k, v in match.groupdict().items()}
         return endpoint, Request(method, path, body, params, query), text
 
     def _json_body(self, body: Any, method: str, endpoint: str | Handler) -> tuple[Any, str]:
-        """The body as data and as JSON text, or raise _Bad: not JSON, or holding a number JSON
-        text cannot carry (beyond a double's range, or NaN), which orjson would write as null."""
+        """The body as data and as JSON text, or raise _Bad: not JSON, nested deeper than
+        MAX_BODY_DEPTH, holding a Python value JSON cannot (a set, a lone surrogate: named with
+        its place), or a number JSON text cannot carry (beyond a double's range, or NaN), which
+        orjson would write as null. A body given in Python is read as an HTTP client would send
+        it: datetimes and dates as ISO 8601 text, decimals as numbers (`_plain`)."""
+        given = not isinstance(body, str | bytes | bytearray | memoryview)  # data, not JSON text
         try:
-            if isinstance(body, str | bytes | bytearray | memoryview):
+            if not given:
                 body = _loads(body) if method != "GET" or body else None
-            data = orjson.dumps(body)  # proves the body is plain JSON data
-        except (orjson.JSONDecodeError, TypeError, ValueError):
+            # proves the body is JSON data (a bulk pass reads only this text)
+            data = orjson.dumps(body, default=_json_default, option=_PASSED_THROUGH)
+        except RecursionError:  # `json.loads` reading the nesting after a number beyond a double
+            raise _too_deep(endpoint) from None
+        except orjson.JSONDecodeError as error:  # orjson reads no deeper than 1,024 levels
+            raise (_too_deep(endpoint) if "depth limit" in str(error) else _Bad(400, M.BAD_JSON)) from None
+        except ValueError:
             raise _Bad(400, M.BAD_JSON) from None
+        except TypeError:  # orjson refused a value, or the nesting: find which, and where
+            try:
+                _plain(body, "body")
+            except _Unheld as unheld:
+                raise _refusal(unheld.message, endpoint) from None
+            raise _Bad(400, M.BAD_JSON) from None
+        reads_data = given and not (isinstance(endpoint, str) and endpoint != "export")  # a handler, an export
         # only a body whose text holds null can have lost a number (a byte search, then a C encoder)
-        if b"null" in data and endpoint not in self.checks_numbers and (where := _non_finite(body)) is not None:
-            message = M.NON_FINITE_NUMBER.format(where=printable(where))
-            raise _Bad(400, message, {"message": message, "errors": [message]} if endpoint == "track" else None)
+        if b"null" in data and (endpoint not in self.checks_numbers or reads_data) \
+                and (where := _non_finite(body)) is not None:
+            if endpoint not in self.checks_numbers:
+                raise _refusal(M.NON_FINITE_NUMBER.format(where=printable(where)), endpoint)
+            try:  # the handler checks its numbers: they stay as they are
+                body = _plain(body, "body")
+            except _Unheld as unheld:  # not reached: orjson wrote the body
+                raise _refusal(unheld.message, endpoint) from None
+        elif reads_data:
+            body = orjson.loads(data)  # what an HTTP client would have sent: datetimes as text, tuples as arrays
         return body, data.decode()
+
+
+def _refusal(message: str, endpoint: str | Handler | None) -> _Bad:
+    """A body's 400: a track request's in the fatal shape, with `errors`."""
+    return _Bad(400, message, {"message": message, "errors": [message]} if endpoint == "track" else None)
+
+
+def _too_deep(endpoint: str | Handler | None) -> _Bad:
+    return _refusal(M.BODY_TOO_DEEP.format(most=M.MAX_BODY_DEPTH), endpoint)
+
+
+class _Unheld(Exception):
+    """A value JSON cannot hold, with the message that names its place."""
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message
+
+
+# orjson hands these to `_json_default` rather than writing them itself, so that a bulk pass's
+# text says what `_plain` gives a handler: isoformat() text, and no dataclass written as an object
+_PASSED_THROUGH = orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_DATACLASS
+INT64_MIN, UINT64_MAX = -(2**63), 2**64 - 1  # the integers orjson writes
+
+
+def _json_default(value: Any) -> Any:
+    """What orjson writes for a datetime, date, time or Decimal; TypeError for anything else."""
+    if isinstance(value, datetime | date | time):
+        return value.isoformat()
+    if isinstance(value, Decimal):
+        return _decimal_number(value)
+    if isinstance(value, float):  # a subclass orjson does not write (numpy's float64)
+        return float(value)
+    raise TypeError(type(value).__name__)
+
+
+def _decimal_number(value: Decimal) -> int | float:
+    """The number an HTTP client's JSON text for `value` (`str(value)`, as simplejson writes
+    it) reads as: `Decimal("7")` 7, `Decimal("12.50")` 12.5; NaN and numbers beyond a double
+    as a float that is not finite, for the caller to refuse with where it is."""
+    if value.is_nan():
+        return math.nan
+    if value.is_infinite():
+        return math.inf if value > 0 else -math.inf
+    try:
+        number = orjson.loads(str(value))
+    except orjson.JSONDecodeError:  # beyond a double: orjson refuses `1E+999`
+        return math.inf if value > 0 else -math.inf
+    assert isinstance(number, int | float)
+    return number
+
+
+def _where(holder: str, key: str) -> str:
+    return f"{holder}.{printable(key)}"
+
+
+def _shown(where: str) -> str:
+    return where.removeprefix("body.")
+
+
+def _text(value: str, where: str, escape: bool) -> str:
+    """`value`, or its escape (`escape`), or raise _Unheld when it holds a lone surrogate."""
+    if value.isascii():
+        return value
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        if escape:
+            return printable(value)
+        raise _Unheld(M.LONE_SURROGATE.format(where=_shown(where))) from None
+    return value
+
+
+def _plain(value: Any, where: str, *, escape: bool = False) -> Any:
+    """`value` (a body, or a query, given in Python) as the JSON data an HTTP client would send
+    for it: a datetime, date or time as its ISO 8601 text (`isoformat()`), a Decimal as a
+    number, a tuple as an array, a UUID as text, an enum member as its value. Raises _Unheld,
+    naming the first place in document order, for anything else JSON cannot hold (a set, a
+    range, bytes, an object), a key that is not text, an integer beyond 64 bits, nesting
+    deeper than MAX_BODY_DEPTH, and a lone surrogate (`escape`: written as its escape instead).
+    Iterative: a body may nest deep."""
+    root: list[Any] = [None]
+    # (holder, slot: an index, or a key still to check, where, depth, value)
+    stack: list[tuple[Any, Any, str, int, Any]] = [(root, 0, where, 0, value)]
+    while stack:
+        holder, slot, at, depth, node = stack.pop()
+        if isinstance(holder, dict):
+            if not isinstance(slot, str):
+                raise _Unheld(M.KEY_NOT_TEXT.format(where=_shown(at), key=printable(repr(slot))[:80],
+                                                    kind=type(slot).__name__))
+            slot = _text(slot, _where(at, slot), escape)
+            at = _where(at, slot)
+        if isinstance(node, enum.Enum):
+            node = node.value
+        if isinstance(node, str):
+            node = _text(node, at, escape)
+        elif node is None or isinstance(node, bool):
+            pass
+        elif isinstance(node, float):
+            node = float(node)  # a subclass (numpy's float64) as the float it is
+        elif isinstance(node, int):
+            if not INT64_MIN <= node <= UINT64_MAX:
+                raise _Unheld(M.INTEGER_BEYOND_64_BITS.format(where=_shown(at)))
+        elif isinstance(node, dict | list | tuple):
+            if depth >= M.MAX_BODY_DEPTH:
+                raise _Unheld(M.BODY_TOO_DEEP.format(most=M.MAX_BODY_DEPTH))
+            if isinstance(node, dict):  # its keys are checked, and set in order, as they are reached
+                out: Any = {}
+                stack.extend((out, key, at, depth + 1, item) for key, item in reversed(node.items()))
+            else:
+                out = [None] * len(node)
+                stack.extend((out, i, f"{at}[{i}]", depth + 1, item) for i, item in reversed(list(enumerate(node))))
+            node = out
+        elif isinstance(node, datetime | date | time):
+            node = node.isoformat()
+        elif isinstance(node, Decimal):
+            node = _decimal_number(node)
+        elif isinstance(node, uuid.UUID):
+            node = str(node)
+        else:
+            kind = "dataclass" if dataclasses.is_dataclass(node) else type(node).__name__
+            raise _Unheld(M.VALUE_NOT_JSON.format(where=_shown(at), kind=kind))
+        holder[slot] = node
+    return root[0]
 
 
 def digest_line(request: Any, item: Routed) -> bytes:
@@ -196,9 +370,19 @@ def digest_line(request: Any, item: Routed) -> bytes:
             head = orjson.dumps([method, path, query], option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS,
                                 default=repr)
         except TypeError:  # a lone surrogate in the path or the query
-            head = repr([method, path, query]).encode("utf-8", "backslashreplace")
+            head = _repr([method, path, query])
         return head + b"\t" + text.encode() + b"\n"
-    return b"!" + repr(request).encode("utf-8", "backslashreplace") + b"\n"
+    return b"!" + _repr(request) + b"\n"
+
+
+def _repr(value: Any) -> bytes:
+    """`repr(value)` as UTF-8; a value nested too deep for `repr` (whose request answers 400
+    all the same) as its type's name."""
+    try:
+        shown = repr(value)
+    except RecursionError:
+        shown = f"<{type(value).__name__} nested too deep>"
+    return shown.encode("utf-8", "backslashreplace")
 
 
 def _loads(text: str | bytes | bytearray | memoryview) -> Any:
@@ -218,21 +402,24 @@ def _loads(text: str | bytes | bytearray | memoryview) -> Any:
 
 
 def _non_finite(body: Any) -> str | None:
-    """Where the first number that is not finite sits in `body` (`attributes[0].score`), or None."""
+    """Where the first number that is not finite sits in `body` (`attributes[0].score`, a
+    Decimal's number included), or None."""
     try:
-        json.dumps(body, allow_nan=False)
-    except ValueError:
+        json.dumps(body, allow_nan=False, default=_json_default)
+    except (ValueError, TypeError):  # TypeError: what `_json_default` refuses, held for the walk
         pass
     else:
         return None
     stack: list[tuple[Any, str]] = [(body, "body")]
     while stack:  # depth first, in document order; iterative: bodies may nest deep
         node, where = stack.pop()
+        if isinstance(node, Decimal):
+            node = _decimal_number(node)
         if isinstance(node, float) and not math.isfinite(node):
             return where.removeprefix("body.")
         if isinstance(node, dict):
             stack.extend((value, f"{where}.{key}") for key, value in reversed(node.items()))
-        elif isinstance(node, list):
+        elif isinstance(node, list | tuple):
             stack.extend((value, f"{where}[{i}]") for i, value in reversed(list(enumerate(node))))
     return None
 

@@ -48,7 +48,7 @@ from engagelake.resources.credentials import Credentials
 from engagelake.resources.preference_centers import PreferenceCenters
 from engagelake.resources.scim import Scim
 from engagelake.routes import ROUTER
-from engagelake.routing import Context, Response, Routed, as_json, digest_line
+from engagelake.routing import Context, Response, Routed, as_json, digest_line, printable
 from engagelake.rules import messages as M
 from engagelake.rules.export import export_frame
 from engagelake.rules.identity.cleanup import cleanup_push_profiles
@@ -102,6 +102,20 @@ def _strings(value: Any, key: str | None) -> Iterator[tuple[str | None, str]]:
     elif isinstance(value, list):
         for item in value:
             yield from _strings(item, key)
+
+
+def _check_key(key: Any) -> None:
+    """Raise ConfigError for an idempotency key that is not text, is empty or only spaces (every
+    caller passing `""` by mistake would share it), or holds a lone surrogate (the ledger, in
+    UTF-8, cannot store it)."""
+    if not isinstance(key, str) or not key.strip():
+        raise ConfigError(f"an idempotency key must be non-empty text, not {key!r}: use a name for the batch "
+                          "that a retry of the same batch sends again (a file name and its digest, a job's run)")
+    try:
+        key.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ConfigError(f"an idempotency key must be text UTF-8 can carry; {printable(key)!r} holds a lone "
+                          "surrogate") from None
 
 
 # `Workspace.open_kept`'s stores, by location and thread: at most this many, the newest
@@ -308,6 +322,8 @@ class Workspace:
         `read_track` reads each track pass's request texts (parse and static checks) instead of
         this process: a flow shares them out to its task runner's workers (`flows/track_batch.py`).
         It must answer as `rules.profile.reading.read_track` does."""
+        if idempotency_key is not None:
+            _check_key(idempotency_key)
         source = iter(requests)
         seen = Seen()
         digest = hashlib.sha256()  # of the requests, for a keyed batch
@@ -493,6 +509,7 @@ class Workspace:
         """When the batch with this idempotency key was committed, or None if none was: `apply`
         with a key already committed is a replay that answers the stored responses and writes
         nothing."""
+        _check_key(idempotency_key)
         stored = self.store.find_batch(idempotency_key)
         return None if stored is None else stored.committed_at
 

@@ -24,15 +24,15 @@ from fastapi.responses import Response as HttpResponse
 from pydantic.json_schema import models_json_schema
 
 from engagelake.api import pages
-from engagelake.api.limits import DEFAULT_LIMITS, LIMITED, PER_LINK, Limit, RateLimiter
+from engagelake.api.limits import DEFAULT_LIMITS, LIMITED, PER_ADDRESS, PER_LINK, Limit, RateLimiter
 from engagelake.api.writer import MAX_BATCH, MAX_QUEUED, GroupCommitWriter, WriterBusy
 from engagelake.permissions import ENDPOINT_PERMISSIONS, SCIM, SIGNED_LINK
 from engagelake.requests.bodies import REQUEST_BODIES
 from engagelake.requests.models import ExportResponse, TrackResponse
 from engagelake.resources.credentials import KeyRing
-from engagelake.resources.preference_centers import RECIPIENT_BASE, link_key, refuse_link
+from engagelake.resources.preference_centers import link_key, refuse_link
 from engagelake.resources.scim import ERROR_SCHEMA
-from engagelake.routes import ROUTE_TABLE, route_of
+from engagelake.routes import ROUTE_TABLE, ROUTER, route_of
 from engagelake.routing import Response
 from engagelake.workspace import Workspace
 
@@ -93,12 +93,12 @@ def _answer(response: Response, headers: dict[str, str]) -> HttpResponse:
     return _json(response.status, response.body, headers)
 
 
-def _refused(message: str) -> HttpResponse:
-    return _json(401, {"message": f"Invalid API key: {message}"})
+def _refused(message: str, headers: dict[str, str] | None = None) -> HttpResponse:
+    return _json(401, {"message": f"Invalid API key: {message}"}, headers)
 
 
-def _key_in_body_refused() -> HttpResponse:
-    return _refused("send the API key in the Authorization: Bearer header, not in the request body")
+def _key_in_body_refused(headers: dict[str, str] | None = None) -> HttpResponse:
+    return _refused("send the API key in the Authorization: Bearer header, not in the request body", headers)
 
 
 def _busy(queued: int, headers: dict[str, str]) -> HttpResponse:
@@ -107,8 +107,14 @@ def _busy(queued: int, headers: dict[str, str]) -> HttpResponse:
                  {**headers, "Retry-After": "1"})
 
 
-def _scim_refused(detail: str) -> HttpResponse:
-    return _json(401, {"schemas": [ERROR_SCHEMA], "detail": detail, "status": 401})
+def _scim_refused(detail: str, headers: dict[str, str] | None = None) -> HttpResponse:
+    return _json(401, {"schemas": [ERROR_SCHEMA], "detail": detail, "status": 401}, headers)
+
+
+def _link_center(path: str) -> str:
+    """The center a signed link's path names: `/preferences/{id}` or `.../{id}/submit`."""
+    parts = path.rstrip("/").split("/")
+    return parts[-2] if path.rstrip("/").endswith("/submit") else parts[-1]
 
 
 async def _read_body(request: Request, limit: int) -> bytes | None:
@@ -159,36 +165,60 @@ def create_app(workspace: Workspace, *, rate_limits: dict[str, Limit] | None = D
                   description="The customer-engagement REST API over an engagelake store.")
     app.state.writer = writer
 
+    def anonymous(request: Request) -> tuple[HttpResponse | None, dict[str, str]]:
+        """Count a request refused for its credential against its client address's limit
+        (`anonymous`): (the 429 past it, or None; the limit's headers, for the refusal)."""
+        if limiter is None or PER_ADDRESS not in limiter.limits:
+            return None, {}
+        allowed, headers = limiter.hit(PER_ADDRESS, request.client.host if request.client else "")
+        if allowed:
+            return None, headers
+        if pages.is_page(request.url.path):
+            return pages.error(429, headers=headers), headers
+        return _json(429, {"message": f"too many requests without a valid credential from this address "
+                                      f"({headers['X-RateLimit-Limit']} per {limiter.limits[PER_ADDRESS].seconds} s); "
+                                      f"retry after X-RateLimit-Reset"}, headers), headers
+
     async def authorize(request: Request, permission: str, endpoint: str) -> HttpResponse | None:
         """The refusal of a request whose headers do not carry what `permission` needs, or
         None. Reads no body: a caller with no right to the endpoint cannot make the server
-        read megabytes."""
-        if permission == SIGNED_LINK:
-            if pages.is_page(request.url.path):  # a bad link is refused here, never queued
-                center_id = request.url.path.removeprefix(RECIPIENT_BASE + "/")
-                refused = refuse_link(workspace.store.head.seed, center_id, request.query_params.get("token"),
-                                     workspace.clock())
-                if refused is not None:
-                    return pages.error(*refused)
-            return None
+        read megabytes. A refusal for a missing or bad credential counts against the client
+        address's limit (`anonymous`), and past it is a 429."""
+        if permission == SIGNED_LINK:  # a bad link is refused here, never queued
+            refused = refuse_link(workspace.store.head.seed, _link_center(request.url.path),
+                                  request.query_params.get("token"), workspace.clock())
+            if refused is None:
+                return None
+            over, headers = anonymous(request)
+            if over is not None:
+                return over
+            if pages.is_page(request.url.path):
+                return pages.error(*refused, headers=headers)
+            return _json(refused[0], {"message": refused[1]}, headers)  # as the submit route answers it
         if (ring := credentials.fresh()) is None:  # older than its TTL: read again, off the event loop
             ring = await asyncio.to_thread(credentials.ring)
         match = BEARER.match(request.headers.get("authorization", ""))
         if permission == SCIM:
             origin = ring.scim_token(match.group(1)) if match else None
+            if origin is not None and request.headers.get("x-request-origin") == origin:
+                return None
+            over, headers = anonymous(request)
+            if over is not None:
+                return over
             if origin is None:
-                return _scim_refused("a valid SCIM token is required in the Authorization: Bearer header")
-            if request.headers.get("x-request-origin") != origin:
-                return _scim_refused("the X-Request-Origin header does not match this SCIM token's origin")
-            return None
-        if match is None:
+                return _scim_refused("a valid SCIM token is required in the Authorization: Bearer header", headers)
+            return _scim_refused("the X-Request-Origin header does not match this SCIM token's origin", headers)
+        key = ring.api_key(match.group(1)) if match is not None else None
+        if key is None:
+            over, headers = anonymous(request)  # before the peek: past the limit, nothing is read
+            if over is not None:
+                return over
+            if match is not None:
+                return _refused("the key is not known, or was revoked", headers)
             peek = await _read_body(request, PEEK_BYTES)
             if peek is not None and _key_in_body(peek):
-                return _key_in_body_refused()
-            return _refused("no key sent; send it in the Authorization: Bearer header")
-        key = ring.api_key(match.group(1))
-        if key is None:
-            return _refused("the key is not known, or was revoked")
+                return _key_in_body_refused(headers)
+            return _refused("no key sent; send it in the Authorization: Bearer header", headers)
         if not key.allows(permission):
             return _refused(f"key {key.name!r} lacks the permission {permission!r} that {endpoint} needs")
         return None
@@ -227,8 +257,8 @@ def create_app(workspace: Workspace, *, rate_limits: dict[str, Limit] | None = D
         headers: dict[str, str] = {}
         limit, who = LIMITED.get((method, pattern)), ""
         if permission == SIGNED_LINK:  # counted per link, once it verifies (a bad one the route refuses)
-            center_id = path.rstrip("/").split("/")[-2 if path.rstrip("/").endswith("/submit") else -1]
-            key = link_key(workspace.store.head.seed, center_id, request.query_params.get("token"), workspace.clock())
+            key = link_key(workspace.store.head.seed, _link_center(path), request.query_params.get("token"),
+                           workspace.clock())
             limit, who = (PER_LINK, key) if key is not None else (None, "")
         if limiter is not None and limit is not None:
             allowed, headers = limiter.hit(limit, who)
@@ -241,6 +271,12 @@ def create_app(workspace: Workspace, *, rate_limits: dict[str, Limit] | None = D
                                               f"X-RateLimit-Reset"}, headers)
         queued = {"method": method, "path": path, "body": body or None,  # no body: as `call` without one
                   "query": dict(request.query_params)}
+        # a body that cannot be parsed never joins a batch: its 400, as `call` answers it. The
+        # writer still takes the bytes and parses them again (about 30 us a track request): the
+        # parsed data of the requests waiting made the writer's garbage collections longer, 7%
+        # of its time with 64 clients (docs/decisions.md, issue 56)
+        if (refusal := ROUTER.body_refusal(method, path, queued["body"])) is not None:
+            return pages.answer(refusal, headers) if pages.is_page(path) else _answer(refusal, headers)
         try:
             submitted = writer.submit(queued)
         except WriterBusy:
@@ -296,6 +332,6 @@ def create_app(workspace: Workspace, *, rate_limits: dict[str, Limit] | None = D
     async def failed(request: Request, error: Exception) -> HttpResponse:  # never a framework's page
         if pages.is_page(request.url.path):
             return pages.error(500)
-        return _json(500, {"message": f"internal error ({type(error).__name__}); the server log has the details"})
+        return _json(500, {"message": "internal error; the server log has the details"})
 
     return app

@@ -3,7 +3,9 @@ fixed windows aligned on the epoch: a window of 60 s resets on the minute, and
 `X-RateLimit-Reset` is the unix second it does.
 
 Requests are counted after they are authenticated: a caller without a key cannot use up a
-workspace's quota. Per-object limits (75 objects per array, 50 items) are the rules' business.
+workspace's quota. Requests refused for their credential (no key, an unknown key or SCIM token,
+a forged or expired link) count apart, per client address (`anonymous`). Per-object limits
+(75 objects per array, 50 items) are the rules' business.
 """
 
 from __future__ import annotations
@@ -33,8 +35,13 @@ DEFAULT_LIMITS: dict[str, Limit] = {
     # not in the specification: a recipient's page and its form, counted per link (its token),
     # so that one leaked link cannot keep the writer busy; a person opens and saves a few times
     "recipient_page": Limit(60, 60),
+    # not in the specification either: requests refused for their credential (no key, an
+    # unknown or revoked key or SCIM token, a forged or expired link), per client address;
+    # past it they answer 429 (issue 56). A credential that holds is never counted here
+    "anonymous": Limit(60, 60),
 }
 PER_LINK = "recipient_page"
+PER_ADDRESS = "anonymous"
 WINDOWS_KEPT = 10_000  # windows of per-link limits kept before those that ended are dropped
 
 # (method, route pattern) -> the limit it counts against; other endpoints are not limited
@@ -78,7 +85,8 @@ class RateLimiter:
     def __init__(self, limits: dict[str, Limit], clock: Callable[[], float] = time.time):
         self.limits = limits
         self.clock = clock
-        # (name, who: "" for a workspace's limit, a link's token for PER_LINK) -> (window start, requests counted)
+        # (name, who: "" for a workspace's limit, what a link names for PER_LINK, a client
+        # address for PER_ADDRESS) -> (window start, requests counted)
         self._windows: dict[tuple[str, str], tuple[int, int]] = {}
         self._prune_at = WINDOWS_KEPT  # drop the windows that ended once this many are kept
         self._lock = threading.Lock()

@@ -175,8 +175,9 @@ def submit_url(ctx: Context, center_id: str, service_id: str) -> str:
 
 def refuse_link(seed: str, center_id: str, token: Any, now: datetime) -> tuple[int, str] | None:
     """The refusal (403, message) of a recipient's link whose token is missing, forged, for
-    another center or expired, or None: what the page routes check first, so that the server
-    can answer a bad link without queueing it (only the signing key is needed)."""
+    another center or expired, or None: what the page routes and the submit route check first,
+    so that the server can answer a bad link without queueing it (only the signing key is
+    needed)."""
     try:
         read_token(seed, token, center_id, now)
     except _Refused as refused:
@@ -501,8 +502,11 @@ def render_page(ctx: Context, req: Request) -> Response:
 
 @answering
 def submit_form(ctx: Context, req: Request) -> Response:
+    """The form of a page rendered for staff (`.../page`): its token is checked first (403), as
+    the server checks it before it queues the request (`refuse_link`), then the center (404)."""
+    token_sid, expires = read_token(ctx.seed, req.query.get("token"), req.params["preferenceCenterExternalID"],
+                                    ctx.clock)
     center = find_center(ctx, req.params["preferenceCenterExternalID"])
-    token_sid, expires = read_token(ctx.seed, req.query.get("token"), center["center_id"], ctx.clock)
     profile = surviving_profile(ctx, token_sid)
     if profile is None:
         raise _Refused(404, ERR_TOKEN_USER_GONE)

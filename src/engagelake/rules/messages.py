@@ -79,6 +79,24 @@ NON_FINITE_NUMBER = (
     "invalid number at {where}: beyond the range of a 64-bit float (or NaN), which JSON cannot carry; "
     "send a finite number, or the value as a string"
 )
+# Python values of a body or a query given to `call`/`apply` that JSON text cannot hold (issue 56);
+# `where` names the place as NON_FINITE_NUMBER does (`attributes[0].score`, `query.filter`, `body`)
+VALUE_NOT_JSON = (
+    "invalid value at {where}: a Python {kind}, which JSON cannot hold; send text, a number, true, false, "
+    "null, an array or an object"
+)
+KEY_NOT_TEXT = "invalid key at {where}: {key} (a Python {kind}); the keys of a JSON object are text"
+INTEGER_BEYOND_64_BITS = (
+    "invalid number at {where}: an integer beyond 64 bits, which this API cannot carry exactly; send it as a "
+    "string"
+)
+LONE_SURROGATE = (
+    "invalid text at {where}: a lone surrogate (half of a UTF-16 pair), which UTF-8, and so JSON text, cannot "
+    "carry; send whole characters"
+)
+# the most levels of arrays and objects a body may nest (orjson writes no deeper: 254)
+MAX_BODY_DEPTH = 254
+BODY_TOO_DEEP = "request body nests arrays and objects more than {most} levels deep"
 BAD_REQUEST = "a request must be an object with string method and path"
 BAD_QUERY = "query must be an object of query parameters (names are strings), not {kind}"
 
