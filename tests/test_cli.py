@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 import io
 import itertools
+import os
 import re
 import shutil
 import subprocess
@@ -21,7 +22,7 @@ from tests import helpers
 from typer.testing import CliRunner
 
 from engagelake import Workspace
-from engagelake.cli import app
+from engagelake.cli import app, ingest
 
 pytest_plugins = ["tests.prefect_harness"]
 
@@ -92,6 +93,31 @@ def test_help_does_not_import_the_engine() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
 
     assert out.stdout.strip() == "[]"
+
+
+def test_demo_gives_prefects_temporary_server_time_to_start(tmp_path: Path) -> None:
+    """The first start of the flows' temporary Prefect server (a new Prefect home: a database to
+    migrate) took longer than Prefect's default 20 s on a busy 2-core machine and the demo
+    failed: `engagelake demo`, run from a folder without the project's pyproject.toml, gives it
+    `EPHEMERAL_STARTUP_TIMEOUT_SECONDS` in the settings Prefect reads when the flows import it.
+    (The demo is stopped where its flows would start.)"""
+    code = (
+        "import os, sys\n"
+        "import engagelake.cli.ingest as ingest\n"
+        "def flows(*args):\n"
+        "    from prefect.settings import get_current_settings\n"
+        "    print(get_current_settings().server.ephemeral.startup_timeout_seconds, flush=True)\n"
+        "    os._exit(0)\n"
+        "ingest._run_demo = flows\n"
+        "from engagelake.cli import app\n"
+        "app(['demo', '--store', 'store'])\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         check=True)
+
+    assert out.stdout.splitlines()[-1] == str(ingest.EPHEMERAL_STARTUP_TIMEOUT_SECONDS)  # after "creating a new store"
+    assert ingest.EPHEMERAL_STARTUP_TIMEOUT_SECONDS >= 120
 
 
 @pytest.fixture(scope="module")

@@ -499,6 +499,7 @@ def test_compaction_cleanup_and_exports_record_their_figures(tmp_path: Path, fou
     assert f"- `{tmp_path / 'all' / 'users.parquet'}`" in note.data
 
 
+@pytest.mark.slow  # every flow again against moto: 6 s (tests/test_object_storage.py has stores on S3 by default)
 def test_the_flows_run_unchanged_on_a_store_on_s3(first_run: tuple[Path, list[Path], list[Any]], s3: Any,
                                                    tmp_path: Path) -> None:
     """`track_batch` and `export_batch` given an `s3://` store instead of a folder: the same

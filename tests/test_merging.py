@@ -290,6 +290,7 @@ def test_a_store_older_than_its_indexes_scans_until_compaction_builds_them(tmp_p
     assert ws.store.column_scans == []
 
 
+@pytest.mark.slow  # a crash test: a compaction process killed while it builds an index (1.5 s)
 def test_an_index_a_dead_compaction_was_building_stays_unpublished(tmp_path: Path) -> None:
     """Killed while building the indexes of an older store, compaction rolls forward without
     them (they may be half built), and the next compaction builds them whole."""

@@ -80,9 +80,9 @@ def check_against_model(ws: Workspace, reqs: list[dict], *, one_by_one: bool) ->
     assert_same(ws.export_users(), model.export_users(), "final export_users()")
 
 
-# every sequence in the slow run, a few of them in the default one (a store on S3 takes about
-# 1.7 s to create against moto's server)
-@pytest.mark.parametrize("sequence", [pytest.param(i, marks=() if i % 4 == 0 else pytest.mark.slow)
+# every sequence in the slow run, the first in the default one (a store on S3 takes about 1.7 s
+# to create against moto's server, and a sequence 3-5 s to run)
+@pytest.mark.parametrize("sequence", [pytest.param(i, marks=() if i == 0 else pytest.mark.slow)
                                       for i in range(len(IDENTITY_SEQUENCES + TRICKY_SEQUENCES))])
 def test_fixed_sequences_on_s3_answer_as_the_model(s3: Callable[[], str], sequence: int) -> None:
     """Merges, identify, renames, aliases, deletes and track requests that meet on the same
@@ -253,6 +253,7 @@ def test_writers_take_turns_through_the_lease(s3: Callable[[], str]) -> None:
     a.release(clean=True)
 
 
+@pytest.mark.slow  # a lease that lapses: 2.7 s, most of it waiting
 def test_a_lease_not_renewed_ends_and_its_holder_may_not_publish(s3: Callable[[], str],
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(lease, "LEASE_S", 0.5)
@@ -273,6 +274,7 @@ def test_a_lease_not_renewed_ends_and_its_holder_may_not_publish(s3: Callable[[]
     after.release(clean=True)
 
 
+@pytest.mark.slow  # a crash test: a failed commit and its rollback against moto, 5 s
 def test_a_commit_that_fails_midway_on_s3_is_rolled_back_by_the_next_writer(
         s3: Callable[[], str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Tables written, then the ledger row fails: the batch is not applied, the lease goes back
@@ -372,6 +374,7 @@ def test_a_writer_whose_lease_ended_unseen_cannot_write_its_ledger_row_after_ano
     assert open_s3(uri).call("POST", "/users/track", {"attributes": [{"external_id": "u3"}]}).status == 201
 
 
+@pytest.mark.slow  # two writers and a lease that lapses mid-compaction against moto: 7-8 s
 def test_a_compaction_whose_lease_ended_while_its_parts_ran_commits_nothing(
         s3: Callable[[], str], monkeypatch: pytest.MonkeyPatch) -> None:
     """Planner A's renewals stop unseen while its parts are written; its lease ends, writer B
@@ -517,6 +520,7 @@ def test_a_compaction_killed_on_s3_rolls_forward_to_the_same_content(
     assert snapshot(open_store(uri))["export"] == before["export"]
 
 
+@pytest.mark.slow  # a crash test: a creation that dies, and the next one, against moto: 5 s
 def test_a_creation_on_s3_that_died_before_its_ledger_is_done_again(s3: Callable[[], str],
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """Its marker object says a creation was under way: the tables without a ledger are not

@@ -96,6 +96,7 @@ def test_the_fold_matches_the_model_in_polars_and_duckdb(rows: list[dict[str, An
     assert _as_model(con.sql(sql).pl()) == want
 
 
+@pytest.mark.slow  # a property: 100 histories (2 s)
 @settings(max_examples=100, deadline=None)
 @given(histories(), st.data())
 def test_folding_partial_rows_over_whole_rows_equals_the_fold(rows: list[dict[str, Any]], data: st.DataObject) -> None:
@@ -112,6 +113,7 @@ def test_folding_partial_rows_over_whole_rows_equals_the_fold(rows: list[dict[st
     assert got.sort("service_id").equals(want.sort("service_id"))
 
 
+@pytest.mark.slow  # a property: 100 histories (2 s)
 @settings(max_examples=100, deadline=None)
 @given(histories(), st.data())
 def test_folding_a_partial_row_over_any_older_row_equals_the_fold(rows: list[dict[str, Any]],
@@ -246,6 +248,7 @@ def _staged_and_held(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, batch: lis
     return staged
 
 
+@pytest.mark.slow  # an equivalence: the batch applied twice, staged and held (2 s)
 def test_a_staged_batch_of_updates_equals_a_held_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     staged = _staged_and_held(tmp_path, monkeypatch, UPDATES_BETWEEN_PASSES)
     assert staged[3].body["users"][0]["external_id"] == "u1" and staged[4].body["users"] == []

@@ -133,7 +133,8 @@ BATCH = [
 ]
 
 
-@pytest.mark.parametrize("stage", [False, True], ids=["held", "staged"])
+# an equivalence, each batch run twice (3 s): held in the slow run, staged in both
+@pytest.mark.parametrize("stage", [pytest.param(False, marks=pytest.mark.slow), True], ids=["held", "staged"])
 def test_a_batch_that_reads_ahead_answers_and_ends_as_one_that_does_not(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stage: bool) -> None:
     monkeypatch.setattr(batch_module, "TRACK_RUN_MAX", 2)

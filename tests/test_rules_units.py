@@ -182,6 +182,7 @@ _times = st.builds(
 )
 
 
+@pytest.mark.slow  # a property: 100 columns of times, each parsed twice (7 s)
 @settings(max_examples=100, deadline=None)
 @given(st.lists(st.one_of(st.none(), _times, st.text(max_size=30)), max_size=30))
 def test_a_column_of_times_parses_as_each_time_alone(raws: list[str | None]) -> None:

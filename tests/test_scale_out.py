@@ -90,6 +90,7 @@ def test_an_export_in_parts_writes_the_files_of_one_part(store: Path, tmp_path: 
     assert sorted(p.name for p in (tmp_path / "parts").iterdir()) == ["users.ndjson", "users.parquet"]  # parts gone
 
 
+@pytest.mark.slow  # a crash test: a part that fails and its retry through Prefect, 3 s
 def test_an_export_part_that_fails_is_retried_and_the_files_are_those_of_one_part(
         store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every part's first attempt fails with a transient I/O error after writing its files;
@@ -307,6 +308,7 @@ def test_a_compaction_in_parts_equals_one_in_one_piece(store: Path, tmp_path: Pa
     assert exported.body["users"] == [{"custom_attributes": {"plan": "gold"}}]
 
 
+@pytest.mark.slow  # a crash test: a part that fails and its retry through Prefect, 5 s
 def test_a_part_that_fails_is_retried_and_the_compaction_completes_once(store: Path, tmp_path: Path,
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """`compact_store(parts=2)`: the first attempt of every part fails with a transient I/O
@@ -338,6 +340,7 @@ def test_a_part_that_fails_is_retried_and_the_compaction_completes_once(store: P
         assert {f.name for f in (many / name).glob("*.parquet")} <= named, name
 
 
+@pytest.mark.slow  # a crash test: a compaction that stops before its finish, 2 s
 def test_a_compaction_left_unfinished_changes_nothing(store: Path, tmp_path: Path) -> None:
     """Parts written, then the block left by an error before `finish`: no table moved, no
     marker left, and the parts' files (named by no version) go at the next compaction."""
@@ -365,6 +368,7 @@ def test_a_compaction_left_unfinished_changes_nothing(store: Path, tmp_path: Pat
     assert_same_store(copied, copied)
 
 
+@pytest.mark.slow  # a crash test: a finish that fails midway, and the roll forward (1 s)
 def test_a_compaction_whose_finish_failed_midway_rolls_forward(store: Path, tmp_path: Path,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """`finish` fails after some tables are committed, and the caller goes on: leaving the
@@ -473,6 +477,7 @@ def _same_responses(got: Path, want: Path) -> None:
         assert read_responses_file(got / name) == read_responses_file(want / name), name
 
 
+@pytest.mark.slow  # an equivalence: the flow run twice, 4 s (tests/test_rules_units.py reads in shares by default)
 def test_a_track_batch_read_in_shares_equals_one_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`track_batch(parts=3)`: each pass's requests parsed and checked in three shares, as tasks
     (threads of the flow's process here), then joined; a share's first read fails and it is

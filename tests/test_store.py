@@ -312,6 +312,7 @@ def test_a_batch_that_changes_nothing_writes_nothing(tmp_path: Path) -> None:
 
 
 # --- readers against a torn batch ----------------------------------------------------------------
+@pytest.mark.slow  # a crash test: a writer process killed before its ledger row (1.5 s)
 def test_reader_opening_over_a_crashed_batch_sees_only_committed_data(tmp_path: Path) -> None:
     store = tmp_path / "s"
     writer = open_ws(store)

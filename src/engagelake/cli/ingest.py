@@ -66,10 +66,7 @@ def demo(
       engagelake demo
       engagelake demo --users 1000 --objects 10000 --store /tmp/demo-store
     """
-    # Progress bars instead of Prefect's console log; an explicit setting still wins.
-    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    os.environ.setdefault("DO_NOT_TRACK", "1")  # nor the client's telemetry notice on a terminal's first run
+    prefect_defaults()
     with input_errors():
         from engagelake import Workspace
 
@@ -85,6 +82,24 @@ def demo(
         _print_sample(workspace)
         if merged:
             _print_lineage(workspace, merged[0])
+
+
+# How long the flows' temporary Prefect server may take to answer (Prefect's own default is 20 s):
+# its first start on a new Prefect home migrates a new database, and on a cold 2-core machine
+# that took longer than 20 s (docs/operations.md, "The temporary server's start").
+EPHEMERAL_STARTUP_TIMEOUT_SECONDS = 180
+
+
+def prefect_defaults() -> None:
+    """The Prefect settings of the flows this CLI runs, as environment defaults (an explicit
+    setting still wins). Set before Prefect is imported: it reads its settings once, at import,
+    and the environment wherever the command runs (`[tool.prefect]` in pyproject.toml only from
+    the repository's root)."""
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", str(EPHEMERAL_STARTUP_TIMEOUT_SECONDS))
+    # Progress bars instead of Prefect's console log
+    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("DO_NOT_TRACK", "1")  # nor the client's telemetry notice on a terminal's first run
 
 
 def apply_files(
