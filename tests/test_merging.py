@@ -362,14 +362,14 @@ def test_a_commit_makes_its_tables_due_for_merging_only_once_its_ledger_row_is_w
     ws = open_ws(tmp_path)
     ws.store.merge_trigger = 0
     before_ledger: list[tuple[set[str], set[str]]] = []  # (due, due once the row is written)
-    append_ledger = Ledger.append
+    append_ledger = Ledger.append_rows  # a batch's ledger rows
 
     def spy(self, batch_no, *args, **kwargs):
         if kwargs.get("kind") == "batch":
             before_ledger.append((set(ws.store.merger._due), set(ws.store.merger._due_pending)))
         return append_ledger(self, batch_no, *args, **kwargs)
 
-    monkeypatch.setattr(Ledger, "append", spy)
+    monkeypatch.setattr(Ledger, "append_rows", spy)
     for n in range(3):
         track_ok(ws, attributes=[{"external_id": f"u{n}", "n": n}])
         ws.store.wait_for_merges()

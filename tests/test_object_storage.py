@@ -286,7 +286,7 @@ def test_a_commit_that_fails_midway_on_s3_is_rolled_back_by_the_next_writer(
     then = {"attributes": [{"external_id": "b", "plan": "pro"}]}
     assert ws.call("POST", "/users/track", first).status == 201
     local.call("POST", "/users/track", first)
-    real = Ledger.append
+    real = Ledger.append_rows
 
     def fail_batches(self: Ledger, batch_no: int, *args: Any, **kwargs: Any) -> Any:
         if kwargs.get("kind") == "batch":
@@ -294,7 +294,7 @@ def test_a_commit_that_fails_midway_on_s3_is_rolled_back_by_the_next_writer(
         return real(self, batch_no, *args, **kwargs)
 
     with monkeypatch.context() as patch:
-        patch.setattr(Ledger, "append", fail_batches)
+        patch.setattr(Ledger, "append_rows", fail_batches)
         with pytest.raises(OSError, match="ledger could not be written"):
             ws.call("POST", "/users/track", lost)
     assert ws.call("POST", "/users/track", then).status == 201
@@ -318,7 +318,7 @@ def test_table_versions_no_ledger_row_names_are_rolled_back_before_a_write_even_
     for store in (ws, local):
         assert store.call("POST", "/users/track", first).status == 201
     with monkeypatch.context() as patch:
-        patch.setattr(Ledger, "append", lambda *args, **kwargs: (_ for _ in ()).throw(
+        patch.setattr(Ledger, "append_rows", lambda *args, **kwargs: (_ for _ in ()).throw(
             StoreError("this writer's turn had ended")))
         with pytest.raises(StoreError, match="turn had ended"):
             ws.call("POST", "/users/track", refused)
@@ -347,7 +347,7 @@ def test_a_writer_whose_lease_ended_unseen_cannot_write_its_ledger_row_after_ano
     first = {"attributes": [{"external_id": "u1", "plan": "free"}]}
     for store in (a, local):
         assert store.call("POST", "/users/track", first).status == 201
-    real = Ledger.append
+    real = Ledger.append_rows
     others = {"attributes": [{"external_id": "u2", "plan": "pro"}, {"external_id": "u1", "visits": 2}]}
 
     def paused_then_resumed(self: Ledger, *args: Any, **kwargs: Any) -> Any:
@@ -362,11 +362,11 @@ def test_a_writer_whose_lease_ended_unseen_cannot_write_its_ledger_row_after_ano
             assert held._lost is None  # the check before the row passes
         return real(self, *args, **kwargs)
 
-    monkeypatch.setattr(Ledger, "append", paused_then_resumed)
+    monkeypatch.setattr(Ledger, "append_rows", paused_then_resumed)
     with pytest.raises(StoreError, match="another writer committed"):
         a.call("POST", "/users/track", {"attributes": [{"external_id": "u1", "plan": "lost"},
                                                        {"external_id": "ghost"}]})
-    monkeypatch.setattr(Ledger, "append", real)
+    monkeypatch.setattr(Ledger, "append_rows", real)
     assert _unnamed_files(uri, "_ledger") == set()  # the refused row's file went with it
     local.call("POST", "/users/track", others)
     for reader in (open_s3(uri), b):
@@ -672,7 +672,7 @@ def test_check_and_repair_work_on_s3_as_on_a_folder(s3: Callable[[], str], monke
     assert report.healthy and not report.repairable, report.problems
     assert report.uri == uri and report.head is not None and sum(report.checked.values()) > 0
 
-    real = Ledger.append
+    real = Ledger.append_rows
 
     def fail_batches(self: Ledger, batch_no: int, *args: Any, **kwargs: Any) -> Any:
         if kwargs.get("kind") == "batch":
@@ -680,7 +680,7 @@ def test_check_and_repair_work_on_s3_as_on_a_folder(s3: Callable[[], str], monke
         return real(self, batch_no, *args, **kwargs)
 
     with monkeypatch.context() as patch:  # tables written, then the ledger row refused
-        patch.setattr(Ledger, "append", fail_batches)
+        patch.setattr(Ledger, "append_rows", fail_batches)
         with pytest.raises(OSError):
             ws.call("POST", "/users/track", {"attributes": [{"external_id": "a", "plan": "lost"}]})
     ahead = Workspace.check(uri)

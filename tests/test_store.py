@@ -220,13 +220,13 @@ def test_an_error_after_the_ledger_row_landed_is_no_failed_batch(tmp_path: Path,
     server's writer does) never applies it twice."""
     ws = open_ws(tmp_path / "s")
     track(ws, ev("first"))
-    append = Ledger.append
+    append = Ledger.append_rows  # a batch's ledger rows
 
     def lands_then_fails(self: Ledger, *args: Any, **kwargs: Any) -> None:
         append(self, *args, **kwargs)
         raise OSError("checkpoint: no space left on device")
 
-    monkeypatch.setattr(Ledger, "append", lands_then_fails)
+    monkeypatch.setattr(Ledger, "append_rows", lands_then_fails)
     track(ws, ev("second"))
     assert [type(e) for e in ws.store.commit_errors] == [OSError]
     monkeypatch.undo()
@@ -241,7 +241,7 @@ def test_an_error_before_the_ledger_row_landed_fails_the_batch(tmp_path: Path, m
     def fails(self: Ledger, *args: Any, **kwargs: Any) -> None:
         raise OSError("no space left on device")
 
-    monkeypatch.setattr(Ledger, "append", fails)
+    monkeypatch.setattr(Ledger, "append_rows", fails)
     with pytest.raises(OSError, match="no space"):
         track(ws, ev("lost"))
     assert ws.store.commit_errors == []

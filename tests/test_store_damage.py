@@ -169,7 +169,7 @@ def test_tables_ahead_of_the_ledger_after_a_crash_are_healthy_and_rolled_back(
         raise OSError(errno.ENOSPC, "no space left on device")
 
     ws = Workspace.open(store, clock=lambda: NOW)
-    monkeypatch.setattr(Ledger, "append", fails)
+    monkeypatch.setattr(Ledger, "append_rows", fails)
     with pytest.raises(OSError, match="no space"):  # a healthy store: the error is the file system's
         ws.call("POST", TRACK, {"attributes": [{"external_id": "u3", "first_name": "Cy"}]})
     monkeypatch.undo()

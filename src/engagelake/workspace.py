@@ -55,12 +55,14 @@ from engagelake.rules.identity.cleanup import cleanup_push_profiles
 from engagelake.rules.identity.lineage import lineage_rows
 from engagelake.rules.profile.reading import TrackReader
 from engagelake.rules.state import State
-from engagelake.store import objects, scratch
+from engagelake.store import layout, objects, scratch
 from engagelake.store.compaction import MIN_PART_ROWS, Part, Plan, Written
 from engagelake.store.compactor import Compaction
 from engagelake.store.delta import DeltaStore
+from engagelake.store.layer import FLUSH_BYTES, FLUSH_ROWS, FLUSH_SECONDS, Layer
 from engagelake.store.layout import store_state
 from engagelake.store.ledger import RESPONSE_RETENTION
+from engagelake.store.wal import Record
 from engagelake.tables.credentials import UNPUBLISHED
 from engagelake.tables.schema import TABLES
 
@@ -72,6 +74,7 @@ if TYPE_CHECKING:
 
 Clock = Callable[[], datetime]
 MEMORY_ENV = "ENGAGELAKE_MEMORY_LIMIT"
+LAYER_ENV = "ENGAGELAKE_LAYER"  # "1": workspaces keep an in-memory layer unless told otherwise
 PUBLISHED_FOLDER = "current"  # where `publish` writes by default, inside the store
 EXPORT_CHUNK_USERS = 50_000  # users per chunk of a streamed export of every user
 # how long a batch waits out other writers by default (`Workspace.open(retry_for=...)`)
@@ -128,6 +131,11 @@ def _now() -> datetime:
     return datetime.now(UTC)
 
 
+class _LayerFlushed(StaleStoreError):
+    """A big batch found the in-memory layer holding batches: it was flushed, and the batch
+    runs again over the tables that now hold them."""
+
+
 P = ParamSpec("P")
 T = TypeVar("T")
 
@@ -165,8 +173,15 @@ class Workspace:
 
     def __init__(self, store: DeltaStore, clock: Clock, *, fields_required: bool,
                  memory_limit: str | None = None, retry_for: float = RETRY_FOR_S,
-                 monthly_active_user_plan: bool = False, response_retention: timedelta = RESPONSE_RETENTION):
+                 monthly_active_user_plan: bool = False, response_retention: timedelta = RESPONSE_RETENTION,
+                 layer: Layer | None = None):
         self.store = store
+        # batches answered once logged, kept here until a flush writes them (`store/layer.py`)
+        self.layer = layer if store.local else None
+        self._turn = threading.RLock()  # a batch or a flush at a time (the flusher is a thread)
+        self._flusher: threading.Thread | None = None
+        self._closing = threading.Event()
+        self.flush_errors: list[BaseException] = []  # the flusher's failures (the log keeps the batches)
         store.response_retention = response_retention  # compaction drops stored responses older than this
         self.retry_for = retry_for  # how long a batch waits out other writers
         self.clock = clock
@@ -182,7 +197,9 @@ class Workspace:
              fields_required: bool = True, memory_limit: str | None = None, create: bool = True,
              retry_for: float = RETRY_FOR_S, monthly_active_user_plan: bool = False,
              response_retention: timedelta = RESPONSE_RETENTION,
-             storage_options: Mapping[str, str] | None = None) -> Workspace:
+             storage_options: Mapping[str, str] | None = None, layer: bool | None = None,
+             flush_seconds: float = FLUSH_SECONDS, flush_rows: int = FLUSH_ROWS,
+             flush_bytes: int = FLUSH_BYTES) -> Workspace:
         """Open the store at `uri`. Where there is none yet, a path that does not exist or an
         empty folder, a new store is created there; `create=False` raises NotAStore instead.
         A folder that holds anything else is never made a store: a file or a folder of other
@@ -200,12 +217,21 @@ class Workspace:
         deleted user (`docs/privacy.md`); a replay then raises IdempotentResponsesExpired.
         `storage_options` (a store on object storage: `AWS_ENDPOINT_URL`, `AWS_REGION`,
         `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`, `AWS_ALLOW_HTTP`) are
-        used for the store's bucket from then on, in this process, over the environment's."""
+        used for the store's bucket from then on, in this process, over the environment's.
+        `layer` (default `$ENGAGELAKE_LAYER`, else off; `engagelake serve` turns it on) keeps an
+        in-memory layer over a local store: a batch is answered once its write-ahead log record
+        is synced, and a flush writes the layer's batches to the tables as one commit once the
+        oldest is `flush_seconds` old, the layer holds `flush_rows` rows or `flush_bytes` bytes,
+        at `flush()` and at `close()` (`docs/operations.md`: what other processes see)."""
         if storage_options is not None:
             objects.configure(str(uri), storage_options)
-        return cls(DeltaStore(uri, seed=seed, create=create), clock or _now, fields_required=fields_required,
+        store = DeltaStore(uri, seed=seed, create=create)
+        if layer is None:
+            layer = os.environ.get(LAYER_ENV, "").strip().lower() in ("1", "on", "true", "yes")
+        kept = Layer(Path(store.uri), seconds=flush_seconds, rows=flush_rows, size=flush_bytes) if layer else None
+        return cls(store, clock or _now, fields_required=fields_required,
                    memory_limit=memory_limit, retry_for=retry_for, monthly_active_user_plan=monthly_active_user_plan,
-                   response_retention=response_retention)
+                   response_retention=response_retention, layer=kept)
 
     @classmethod
     def open_kept(cls, uri: str | Path, *, clock: Clock | None = None, seed: str | None = None) -> Workspace:
@@ -287,9 +313,67 @@ class Workspace:
         return PLACES
 
     def close(self) -> None:
-        """Wait for the run merges that follow the last commit (a process's exit waits for
-        them too); the workspace stays usable."""
+        """Flush the in-memory layer, if any, and wait for the run merges that follow the last
+        commit (a process's exit waits for them too); the workspace stays usable."""
+        self._closing.set()
+        if self._flusher is not None:
+            self._flusher.join()
+            self._flusher = None
+        self._closing.clear()
+        self.flush()
         self.store.wait_for_merges()
+
+    @_store_errors
+    def flush(self) -> int:
+        """Write the in-memory layer's batches to the tables as one commit (`store/layer.py`),
+        and let go of the writer lock; returns the batches written. Without a layer, nothing."""
+        with self._turn:
+            layer = self.layer
+            if layer is None or not layer.records:
+                return 0
+            assert layer.stages is not None
+            n = len(layer)
+            self.store.commit_layer(layer.records, layer.stages)
+            layout.failpoint("layer:flushed")
+            layer.clear()
+            self.store.release()
+            return n
+
+    def _flush_when_due(self) -> None:
+        """After a batch: flush a layer that is due, and keep a flusher thread for the others."""
+        assert self.layer is not None
+        if self.layer.due():
+            self.flush()
+        elif self._flusher is None or not self._flusher.is_alive():
+            self._flusher = threading.Thread(target=self._flush_in_time, name="engagelake-flush", daemon=True)
+            self._flusher.start()
+
+    def _flush_in_time(self) -> None:
+        """The flusher: flush the layer once it is due, until it is empty or the workspace closes."""
+        layer = self.layer
+        assert layer is not None
+        while not self._closing.wait(min(layer.seconds / 4, 0.25)):
+            with self._turn:
+                if not layer.records:
+                    return
+                if not layer.due():
+                    continue
+                try:
+                    self.flush()
+                except Exception as error:  # noqa: BLE001 - the batches are logged: the next flush or writer writes them
+                    self.flush_errors.append(error)
+                return
+
+    def _hold(self) -> None:
+        """Before a batch of the layer: the writer lock, kept until the flush (a writer of
+        another process that waited for it goes first: `layout.wanted`)."""
+        if self.store.held:
+            return
+        root = Path(self.store.uri)
+        deadline = time.monotonic() + self.retry_for
+        while layout.wanted(root) and time.monotonic() < deadline:
+            time.sleep(0.005)
+        self.store.hold(max(deadline - time.monotonic(), 0.0))
 
     def __enter__(self) -> Workspace:
         return self
@@ -299,11 +383,20 @@ class Workspace:
 
     @property
     def state(self) -> State:
-        """The committed store as rules see it: nothing is read until a rule asks for rows."""
-        self.store.refresh()
-        head = self.store.head
-        return State.over(self.store.snapshot(), next_profile_n=head.next_profile_n,
-                          next_update_seq=head.next_update_seq)
+        """The store as rules see it, the in-memory layer's batches included: nothing is read
+        until a rule asks for rows."""
+        with self._turn:
+            self.store.refresh()
+            head = self.store.head
+            if self.layer is None or (counters := self.layer.counters()) is None:
+                return State.over(self.store.snapshot(), next_profile_n=head.next_profile_n,
+                                  next_update_seq=head.next_update_seq)
+            return State.over(self.layer.source(self.store.snapshot()), next_profile_n=counters[0],
+                              next_update_seq=counters[1])
+
+    def _find_batch(self, key: str) -> Any:
+        found = self.layer.find(key) if self.layer is not None else None
+        return found if found is not None else self.store.find_batch(key)
 
     # --- requests ------------------------------------------------------------------------------
     def call(self, method: str, path: str, body: Any = None, query: dict[str, Any] | None = None) -> Response:
@@ -338,7 +431,7 @@ class Workspace:
 
         def attempt() -> list[Response]:
             if idempotency_key is not None:
-                stored = self.store.find_batch(idempotency_key)
+                stored = self._find_batch(idempotency_key)
                 if stored is not None:
                     if stored.digest is not None:  # null: a ledger row older than digests
                         for _ in routed():  # read (and route) the rest of the batch, apply nothing
@@ -370,6 +463,10 @@ class Workspace:
         and its commit, run it again holding the store's writer lock, so that it cannot be
         overtaken again (a store without a lock backs off and retries, with jitter). Gives up
         after `retry_for` seconds."""
+        with self._turn:
+            return self._retrying_turn(attempt)
+
+    def _retrying_turn(self, attempt: Callable[[], list[Response]]) -> list[Response]:
         deadline = time.monotonic() + self.retry_for
         try:
             return attempt()
@@ -399,12 +496,18 @@ class Workspace:
 
     def _run_batch_on(self, body: Callable[[Batch], None], idempotency_key: str | None,
                       digest: Callable[[], str] | None, release_cpu: Callable[[], None]) -> list[Response]:
+        # a batch run again inside `exclusive` (after a flush made room for it: `_before_big`)
+        # commits on its own
+        layered = self.layer is not None and not self.store.exclusive_here()
+        if layered:
+            self._hold()
         state = self.state
         read_at = self.store.head.content_batch  # what the batch reads: the commit checks it still holds
         if idempotency_key is not None:  # its responses are stored: note whom they concern
             state = dataclasses.replace(state, subjects=[])
         batch = Batch(state, clock=self.clock(), seed=self.store.head.seed,
-                      batch_id=idempotency_key or uuid.uuid4().hex, before_big=self.store.wait_for_merges,
+                      batch_id=idempotency_key or uuid.uuid4().hex,
+                      before_big=self._before_big if layered else self.store.wait_for_merges,
                       max_updates=MAU_UPDATES_PER_REQUEST if self.monthly_active_user_plan else None,
                       release_cpu=release_cpu)
         try:
@@ -415,17 +518,38 @@ class Workspace:
             settled = batch.settled()
             self.last_reads = settled.reads
             changes, index_entries_stored, staged = batch.to_commit()
-            if changes or staged is not None or idempotency_key is not None:
+            responses = [[r.status, r.body] for r in final]
+            key_digest = digest() if digest is not None and idempotency_key is not None else None
+            if staged is None and layered and (changes or idempotency_key is not None):
+                assert self.layer is not None
+                resolved = settled.resolve_changes(changes)
+                subjects = settled.subject_ids()
+                record = Record({name: pl.concat(frames, how="vertical_relaxed") for name, frames in resolved.parts.items()},
+                                index_entries_stored, settled.next_profile_n, settled.next_update_seq, datetime.now(UTC),
+                                idempotency_key, key_digest, responses, None if subjects is None else subjects.to_list())
+                self.layer.add(record, self.store.head.batch_no)  # synced: it may be answered
+                self._flush_when_due()
+            elif changes or staged is not None or idempotency_key is not None:
                 self.store.commit(
-                    changes, key=idempotency_key, responses=[[r.status, r.body] for r in final],
+                    changes, key=idempotency_key, responses=responses,
                     next_profile_n=settled.next_profile_n, next_update_seq=settled.next_update_seq,
-                    index_entries_stored=index_entries_stored, staged=staged,
-                    digest=digest() if digest is not None and idempotency_key is not None else None,
+                    index_entries_stored=index_entries_stored, staged=staged, digest=key_digest,
                     subjects=settled.subject_ids(), read_at=read_at,
                 )
+                if layered:
+                    self.store.release()
         finally:
             batch.close()
         return final
+
+    def _before_big(self) -> None:
+        """A batch of the layer grew big (a full pass, or rows to stage): it is written by a
+        commit of its own, over a store that holds the layer's batches. A layer that holds
+        some is flushed first, and the batch runs again over the tables (`_retrying`)."""
+        if self.layer is not None and self.layer.records:
+            self.flush()
+            raise _LayerFlushed(f"the in-memory layer of {self.store.uri} was flushed before a big batch")
+        self.store.wait_for_merges()
 
     @_store_errors
     def cleanup_push_profiles(self) -> int:
@@ -463,6 +587,7 @@ class Workspace:
         snapshot, wait. Leaving the block before `finish` commits anything changes nothing."""
         from engagelake.store.publish import published
 
+        self.flush()  # the layer's batches are compacted too
         with self.store.compaction(parts, min_part_rows) as job:
             yield job
         marker = published(objects.join(self.store.uri, PUBLISHED_FOLDER)) if job.kept is not None else None
@@ -491,6 +616,7 @@ class Workspace:
         unknown = [name for name in names if name not in TABLES]
         if unknown:
             raise KeyError(f"no table {unknown[0]!r}; tables: {', '.join(TABLES)}")
+        self.flush()
         self.store.refresh()
         target = str(out) if out is not None else objects.join(self.store.uri, PUBLISHED_FOLDER)
         for name in UNPUBLISHED:  # a copy an earlier run published would go stale: it goes
@@ -510,7 +636,7 @@ class Workspace:
         with a key already committed is a replay that answers the stored responses and writes
         nothing."""
         _check_key(idempotency_key)
-        stored = self.store.find_batch(idempotency_key)
+        stored = self._find_batch(idempotency_key)
         return None if stored is None else stored.committed_at
 
     def forget_check(self, *, external_id: str | None = None, email: str | None = None, phone: str | None = None,
@@ -524,6 +650,7 @@ class Workspace:
         wrote. Writes nothing (the export commits no batch)."""
         from engagelake.store.forget import find_copies
 
+        self.flush()  # the layer's log and stages go with it
         identifiers = [v for v in (external_id, email, phone, alias[0] if alias else None) if v is not None]
         users = self._users_named(external_id, email, phone, alias)
         held = [text for user in users for key, text in _strings(user, None)
@@ -586,6 +713,7 @@ class Workspace:
         surviving profile."""
         if name not in TABLES:
             raise KeyError(f"no table {name!r}; tables: {', '.join(TABLES)}")
+        self.flush()  # the tables' readers see the layer's batches once they are written
         self.store.refresh()
         return self.store.snapshot().current(name)
 
@@ -593,6 +721,7 @@ class Workspace:
         """A DuckDB connection with one view per table holding its current rows (as `table`),
         read straight from the Parquet files: it streams and spills within `memory_limit`
         (default: the workspace's)."""
+        self.flush()
         self.store.refresh()
         limit = memory_limit or self.memory_limit
         import duckdb
@@ -631,6 +760,7 @@ class Workspace:
         `service_id` ([low, high), the last without an end) of about `users_per_chunk` users
         each, that together hold every user. `iter_users(at_batch=..., key_ranges=...)` of
         any split of the ranges, in any process, gives the chunks `iter_users()` gives."""
+        self.flush()
         self.store.refresh()
         snapshot = self.store.snapshot()
         return snapshot.head.batch_no, snapshot.key_ranges("profiles", users_per_chunk)
@@ -644,6 +774,7 @@ class Workspace:
         hold it: memory follows the chunk, not the store. `key_ranges` (from `export_ranges`)
         limits it to those ranges, one chunk each."""
         if at_batch is None:
+            self.flush()
             self.store.refresh()
             snapshot = self.store.snapshot()
         else:

@@ -32,10 +32,19 @@ def serve(
         bool, typer.Option(help="Log one line per request (off: a busy server's event loop does less; the "
                                 "proxy in front usually logs them).")
     ] = True,
+    layer: Annotated[
+        bool, typer.Option(help="Answer a batch once its write-ahead log record is synced, and write batches to "
+                                "the tables together, every --flush-seconds (--no-layer: a Delta commit per "
+                                "batch; docs/operations.md).")
+    ] = True,
+    flush_seconds: Annotated[
+        float, typer.Option(min=0.01, help="With the layer: how old its oldest batch gets before a flush writes "
+                                           "it to the tables, where other processes see it.")
+    ] = 1.0,
 ) -> None:
     """Serve the API over HTTP: every endpoint, with keys, SCIM tokens, rate limits.
 
-    Create a key first (engagelake keys create --name NAME --permissions all); GET /healthz answers once the server is ready. SIGTERM or Ctrl-C finishes and commits the requests in flight, then stops.
+    Create a key first (engagelake keys create --name NAME --permissions all); GET /healthz answers once the server is ready. SIGTERM or Ctrl-C finishes and commits the requests in flight, writes the layer to the tables, then stops.
 
     Examples:
       engagelake serve --store data/store --port 8000
@@ -60,7 +69,7 @@ def serve(
         from engagelake.api import create_app
 
         _log_to_stderr("engagelake")  # the writer's reports (INFO), beside uvicorn's own lines
-        workspace = Workspace.open(store)
+        workspace = Workspace.open(store, layer=layer, flush_seconds=flush_seconds)
         if public_url is not None:
             workspace.preference_centers.set_public_url(public_url)
         app = create_app(workspace, rate_limits=limits if rate_limits == "on" else None,

@@ -31,7 +31,7 @@ import errno
 import threading
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from contextlib import ExitStack, contextmanager, suppress
 from datetime import timedelta
 from functools import partial
 from pathlib import Path
@@ -48,12 +48,13 @@ from engagelake.errors import (
     StoreReadOnly,
     TurnEndedError,
 )
-from engagelake.store import compaction, layout, merging, objects
+from engagelake.store import compaction, layout, merging, objects, wal
 from engagelake.store.compaction import Part, Plan, Written
 from engagelake.store.compactor import Compaction, Compactor
 from engagelake.store.layout import (
     CREATING,
     LEDGER,
+    BatchRow,
     Head,
     Place,
     StoredBatch,
@@ -112,6 +113,14 @@ class DeltaStore:
         except Exception as error:  # noqa: BLE001 - deltalake's own errors: translated or re-raised
             raise self.damaged(error) from error
         self._exclusive_owner: int | None = None  # the thread inside `exclusive`
+        # the writer lock kept across batches by the owner of an in-memory layer (`hold`): its
+        # batches and flushes, and this store's merges, take turns on `_held_turn` instead
+        self._held: ExitStack | None = None
+        self._held_turn = threading.RLock()
+        self.wal_live: wal.Segment | None = None  # the segment of this process's live layer
+        self.replayed = 0  # batches of dead writers' logs this store wrote (`replay_logs`)
+        if self.local and wal.segments(Path(self.uri)):
+            self._replay_at_open()
         # failures after a batch's ledger row landed: the batch is committed all the same
         self.commit_errors: list[BaseException] = []
 
@@ -225,6 +234,10 @@ class DeltaStore:
         if self._exclusive_owner == threading.get_ident():
             yield
             return
+        if self._held is not None:
+            with self._held_turn:
+                yield
+            return
         if self._lease is not None:
             with self._lease.held(None):  # a dead holder's lease ends on its own
                 yield
@@ -240,12 +253,59 @@ class DeltaStore:
         with jitter), then raises `StoreError`. On object storage the lock is the store's lease."""
         # a run merge takes the lock too: joining one while holding the lock would never end
         self.merger.wait()
+        if self._held is not None:
+            with self._held_turn:
+                yield
+            return
         with self._lease.held(timeout) if self._lease is not None else layout.writer_lock(Path(self.uri), timeout):
             self._exclusive_owner = threading.get_ident()
             try:
                 yield
             finally:
                 self._exclusive_owner = None
+
+    def exclusive_here(self) -> bool:
+        """Whether this thread is inside `exclusive`."""
+        return self._exclusive_owner == threading.get_ident()
+
+    @property
+    def held(self) -> bool:
+        """Whether this store keeps the writer lock across batches (`hold`)."""
+        return self._held is not None
+
+    def hold(self, timeout: float) -> None:
+        """Take the writer lock and keep it until `release`: an in-memory layer's owner holds it
+        from its first batch to the flush, so that no other writer commits over batches it has
+        answered and not yet written (`store/layer.py`). Dead writers' logs are replayed first.
+        Waits up to `timeout` seconds, as `exclusive` does. A folder's lock only."""
+        assert self.local, "an in-memory layer is kept over a local folder only"
+        if self._held is not None:
+            return
+        self.merger.wait()
+        stack = ExitStack()
+        stack.enter_context(layout.writer_lock(Path(self.uri), timeout))
+        self._held = stack
+        try:
+            with self._held_turn:
+                self.refresh()
+                self.recover()
+        except BaseException:
+            self.release()
+            raise
+
+    def release(self) -> None:
+        """Give the writer lock back (`hold`)."""
+        stack, self._held = self._held, None
+        if stack is not None:
+            with self._held_turn:
+                stack.close()
+
+    def _replay_at_open(self) -> None:
+        """A dead writer's log is replayed by whoever opens the store and can take the lock at
+        once; a live layer's owner holds it (and a read-only store is left as it is)."""
+        with suppress(StoreError, OSError), layout.writer_lock(Path(self.uri), 0.0, mark=False):
+            self.ledger.head = self.ledger.read_head()
+            self.recover()
 
     def refresh(self) -> bool:
         """True when another writer committed since we last looked (then the head is re-read).
@@ -282,6 +342,33 @@ class DeltaStore:
                 # the version this process wrote last is no longer the table's newest: an
                 # append or a merge on it would put the entry the restore took
                 self.writer.forget(name)
+        if tables is None and self.local:
+            self.replay_logs()
+
+    def replay_logs(self) -> int:
+        """Write the batches of dead writers' logs that the tables do not hold (under the
+        writer lock, after the roll-back of their half-written tables), each log as one commit,
+        and remove the logs; returns the batches written. A log after whose floor the ledger
+        holds a content batch was written already (`store/wal.py`)."""
+        from engagelake.store.staging import Stages  # only when a log is left
+
+        written = 0
+        for path in wal.segments(Path(self.uri), but=None if self.wal_live is None else self.wal_live.path):
+            floor, records = wal.read(path)
+            if records and self.head.content_batch <= floor:
+                stages = Stages()
+                try:
+                    for record in records:
+                        stages.add(Changes(parts={name: [frame] for name, frame in record.changes.items()}),
+                                   record.pairs)
+                    self.write_records(records, stages)
+                finally:
+                    stages.remove()
+                written += len(records)
+            path.unlink(missing_ok=True)
+        self.replayed += written
+        return written
+
 
     def refuse_lost_batch(self, head: Head) -> None:
         """Before a rollback: raise StoreDamaged when a ledger row file of a later batch is in no
@@ -349,15 +436,36 @@ class DeltaStore:
             if self.head.content_batch != base:  # (before anything is written: `lease.held` relies on it)
                 raise StaleStoreError(f"the store at {self.uri} changed since this batch read it")
             self.recover()
-            self.write_batch(changes, key=key, responses=responses, next_profile_n=next_profile_n,
-                              next_update_seq=next_update_seq, index_entries_stored=index_entries_stored or {},
-                              staged=staged, digest=digest, subjects=subjects)
+            if self.head.content_batch != base:  # a dead writer's log was replayed: read it first
+                raise StaleStoreError(f"the store at {self.uri} wrote a dead writer's logged batches")
+            row = BatchRow(key, responses, digest, None if subjects is None else subjects.to_list())
+            self.write_batch(changes, [row], next_profile_n=next_profile_n, next_update_seq=next_update_seq,
+                             index_entries_stored=index_entries_stored or {}, staged=staged)
         self.merger.after_commit()
 
-    def write_batch(self, changes: Changes, *, key: str | None, responses: list[Any], next_profile_n: int,
-                     next_update_seq: int, index_entries_stored: dict[str, pl.DataFrame],
-                     staged: Stages | None, digest: str | None, subjects: pl.Series | None = None) -> None:
-        batch_no = self.head.batch_no + 1
+    def commit_layer(self, records: list[wal.Record], stages: Stages) -> None:
+        """Write an in-memory layer's batches (`store/layer.py`), answered already, as one
+        commit: their staged rows, then one ledger row each. The layer's owner holds the lock
+        (`hold`), so nothing can have overtaken them."""
+        self.merger.begin_commit()
+        with self.writer_lock():
+            self.refresh()
+            self.write_records(records, stages)
+        self.merger.after_commit()
+
+    def write_records(self, records: list[wal.Record], stages: Stages) -> None:
+        """`write_batch` of logged batches, staged in `stages` one stage each."""
+        rows = [BatchRow(r.key, r.responses, r.digest, r.subjects, r.answered_at) for r in records]
+        self.write_batch(stages.changes(), rows, next_profile_n=records[-1].next_profile_n,
+                         next_update_seq=records[-1].next_update_seq, staged=stages,
+                         index_entries_stored={index: pl.concat(frames)
+                                               for index, frames in stages.index_entries_stored().items()})
+
+    def write_batch(self, changes: Changes, rows: list[BatchRow], *, next_profile_n: int, next_update_seq: int,
+                    index_entries_stored: dict[str, pl.DataFrame], staged: Stages | None) -> None:
+        """Write the rows of one batch, or of several logged ones (`rows`: what the ledger keeps
+        of each), stamped with the last one's number, then their ledger rows."""
+        batch_no = self.head.batch_no + len(rows)
         versions = dict(self.head.versions)
         streamed = staged.streamed() if staged is not None else set()
         self.writer.runs_to_index = []  # none left from a write that failed
@@ -380,8 +488,8 @@ class DeltaStore:
                 for index, (table, column) in INDEXES.items():
                     # an index exists from the store's creation (or a compaction) on: older stores
                     # scan the column until compaction builds it
-                    if table == name and index in versions and (rows := upserted(list(SCHEMAS[index]))) is not None:
-                        new = rows.filter(pl.col(column).is_not_null()).unique()
+                    if table == name and index in versions and (found := upserted(list(SCHEMAS[index]))) is not None:
+                        new = found.filter(pl.col(column).is_not_null()).unique()
                         held = index_entries_stored.get(index)
                         if held is not None and held.height:  # a row rewritten with the same value
                             new = new.join(held, on=list(SCHEMAS[index]), how="anti")
@@ -398,9 +506,8 @@ class DeltaStore:
         self.writer.index_runs()
         layout.failpoint("before_ledger")
         try:
-            mine = self.ledger.append(batch_no, key, versions, next_profile_n, next_update_seq, self.head.seed,
-                                       responses, kind="batch", digest=digest, subjects=subjects,
-                                       after=self.ledger.version)
+            mine = self.ledger.append_rows(self.head.batch_no + 1, rows, versions, next_profile_n, next_update_seq,
+                                           self.head.seed, kind="batch", after=self.ledger.version)
         except TurnEndedError:
             raise  # nothing written: a row of this number is another writer's
         except Exception as error:

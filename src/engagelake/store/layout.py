@@ -14,7 +14,7 @@ import random
 import signal
 import time
 from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, contextmanager, suppress
 from dataclasses import dataclass
 from datetime import datetime
 from functools import cache
@@ -44,6 +44,8 @@ COMPACTING = "_compacting"  # marker file: a compaction is under way
 MERGING = "_merging"  # a merge pass's files before they are published (`RunMerger.merge_runs`)
 CREATING = "_creating"  # marker file: a store is being created (its ledger is written last)
 WRITER_LOCK = "_writer.lock"
+WANTED = "_writer.wanted"  # touched by writers waiting for the lock (`writer_lock`)
+WANTED_FOR_S = 1.0  # a mark older than this is a waiter's that gave up or died
 CRASH_ENV = "ENGAGELAKE_CRASH_AT"
 MERGE_ENV = "ENGAGELAKE_MERGE_TRIGGER"  # runs a table may hold before a batch merges (tuning, tests)
 # a crash point's prefix under which a commit still writes its tables side by side (`TableWrites`)
@@ -122,6 +124,17 @@ class StoredBatch:
 
 
 @dataclass(frozen=True)
+class BatchRow:
+    """What the ledger keeps of one batch besides the table versions (`Ledger.append_rows`)."""
+
+    key: str | None
+    responses: list[Any]  # [[status, body], ...]: stored for a keyed batch only
+    digest: str | None = None
+    subjects: list[str] | None = None  # the users a keyed batch read or wrote
+    committed_at: datetime | None = None  # None: when the row is written
+
+
+@dataclass(frozen=True)
 class Head:
     """The last committed batch: what readers see."""
 
@@ -187,7 +200,7 @@ def store_state(uri: str | Path) -> str:
         raise NotAStore(f"{uri} is a file, not a store folder: pass the folder of a store, or a new path to "
                         "create one there")
     try:
-        entries = {p.name for p in root.iterdir()} - {WRITER_LOCK}
+        entries = {p.name for p in root.iterdir()} - {WRITER_LOCK, WANTED}
     except PermissionError as error:
         raise StoreError(f"cannot list the store folder {uri}: {error.strerror}") from error
     if _has_log(root / LEDGER):
@@ -211,10 +224,12 @@ def _no_ledger(uri: str, tables: list[str]) -> str:
 
 
 @contextmanager
-def writer_lock(root: Path, timeout: float | None = None) -> Iterator[None]:
+def writer_lock(root: Path, timeout: float | None = None, *, mark: bool = True) -> Iterator[None]:
     """One writer at a time: an advisory lock file in a local store. A store the process may
     not write raises StoreReadOnly. With a `timeout` (seconds) the lock is polled, with
-    jitter, and a writer that holds it longer raises StoreError."""
+    jitter, and a writer that holds it longer raises StoreError. A writer that has to wait
+    says so in `WANTED` (the owner of an in-memory layer then lets go after its flush and
+    waits its turn: `wanted`); `mark=False` waits unseen."""
     try:
         handle = open(root / WRITER_LOCK, "w")  # noqa: SIM115 - closed below, after the lock is released
     except OSError as error:
@@ -223,24 +238,49 @@ def writer_lock(root: Path, timeout: float | None = None) -> Iterator[None]:
                                 "written") from error
         raise
     with handle:
-        if timeout is None:
-            fcntl.flock(handle, fcntl.LOCK_EX)
-        else:
-            deadline = time.monotonic() + timeout
-            while True:
-                try:
-                    fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if time.monotonic() >= deadline:
-                        raise StoreError(
-                            f"other writers held the store at {root} for more than {timeout:.0f} s; "
-                            "retry later, or open the workspace with a longer retry_for") from None
-                    time.sleep(_JITTER.uniform(0.005, 0.02))
+        waited = False
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            waited = mark
+            if mark:
+                _want(root)
+            if timeout is None:
+                fcntl.flock(handle, fcntl.LOCK_EX)
+            else:
+                deadline = time.monotonic() + timeout
+                while True:
+                    try:
+                        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                        break
+                    except BlockingIOError:
+                        if time.monotonic() >= deadline:
+                            raise StoreError(
+                                f"other writers held the store at {root} for more than {timeout:.0f} s; "
+                                "retry later, or open the workspace with a longer retry_for") from None
+                        if mark:
+                            _want(root)
+                        time.sleep(_JITTER.uniform(0.005, 0.02))
+        if waited:
+            with suppress(OSError):
+                (root / WANTED).unlink()
         try:
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _want(root: Path) -> None:
+    with suppress(OSError):
+        (root / WANTED).touch()
+
+
+def wanted(root: Path, within: float = WANTED_FOR_S) -> bool:
+    """Whether another writer waited for the lock in the last `within` seconds."""
+    try:
+        return time.time() - (root / WANTED).stat().st_mtime < within
+    except OSError:
+        return False
 
 
 def failpoint(name: str) -> None:

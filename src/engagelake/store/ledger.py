@@ -19,6 +19,7 @@ from engagelake.errors import StoreError, TurnEndedError
 from engagelake.store import appends, objects
 from engagelake.store.layout import (
     LEDGER,
+    BatchRow,
     Head,
     OnPlace,
     Place,
@@ -94,18 +95,34 @@ class Ledger(OnPlace):
         with the users they concern (`subjects`). `after`: on object storage, the ledger version
         the writer read its head at, under its lease; the row is written only as the version
         right after it (`fenced`)."""
+        row = BatchRow(key, responses, digest, None if subjects is None else subjects.to_list())
+        return self.append_rows(batch_no, [row], versions, next_n, next_seq, seed, kind=kind, create=create,
+                                after=after)
+
+    def append_rows(self, first_no: int, batches: list[BatchRow], versions: dict[str, int], next_n: int,
+                    next_seq: int, seed: str, *, kind: str, create: bool = False,
+                    after: int | None = None) -> int | None:
+        """Append one row per batch of `batches`, numbered from `first_no` on, in one commit:
+        a flush of the in-memory layer (`store/layer.py`) commits many batches as one. Every
+        row names the same table versions and counters, those after the last batch: the
+        batches before it have no cut of their own."""
         if self.place.lease is not None and not create:
             self.place.lease.check()  # a writer whose turn ended must not publish
-        keyed = key is not None
+        now = datetime.now(UTC)
+        keyed = [b.key is not None for b in batches]
         row = pl.DataFrame(
             {
-                "batch_no": [batch_no], "batch_key": [key], "committed_at": [datetime.now(UTC)],
-                "versions": [orjson.dumps(versions).decode()], "next_profile_n": [next_n],
-                "next_update_seq": [next_seq], "seed": [seed],
-                "responses": [orjson.dumps(responses).decode() if keyed else None], "kind": [kind],
-                "digest": [digest],
-                "subjects": [(subjects if subjects is not None else pl.Series([], dtype=pl.String)) if keyed else None],
-                "responses_dropped": [None],
+                "batch_no": list(range(first_no, first_no + len(batches))),
+                "batch_key": [b.key for b in batches],
+                "committed_at": [b.committed_at or now for b in batches],
+                "versions": [orjson.dumps(versions).decode()] * len(batches),
+                "next_profile_n": [next_n] * len(batches), "next_update_seq": [next_seq] * len(batches),
+                "seed": [seed] * len(batches),
+                "responses": [orjson.dumps(b.responses).decode() if k else None for b, k in zip(batches, keyed, strict=True)],
+                "kind": [kind] * len(batches),
+                "digest": [b.digest for b in batches],
+                "subjects": [(b.subjects or []) if k else None for b, k in zip(batches, keyed, strict=True)],
+                "responses_dropped": [None] * len(batches),
             },
             schema=LEDGER_SCHEMA,
         )
