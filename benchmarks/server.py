@@ -3,6 +3,7 @@ attribute objects each for S seconds, with rate limits off, to a real `engagelak
 process on a fresh store.
 
     cd /work/main && uv run python benchmarks/server.py [--connections 64] [--seconds 20] [--client raw]
+        [--no-layer]
 
 The load generator shares the machine with the server: `--client raw` (the default) writes
 keep-alive HTTP/1.1 on asyncio streams and takes about 0.02 of a core; `--client httpx` took
@@ -172,6 +173,8 @@ def main() -> None:
                     help="the load generator: raw keep-alive HTTP/1.1 on asyncio streams (light), or httpx")
     ap.add_argument("--store", type=Path, default=None, help="a fresh store folder (default: a temporary one)")
     ap.add_argument("--no-access-log", action="store_true", help="serve with --no-access-log")
+    ap.add_argument("--no-layer", action="store_true",
+                    help="serve with --no-layer: a Delta commit per batch, no write-ahead log (issue 57's baseline)")
     args = ap.parse_args()
     temporary = None if args.store else Path(tempfile.mkdtemp(prefix="engagelake-server-"))
     store = args.store or temporary / "store"
@@ -182,7 +185,7 @@ def main() -> None:
     key = created.stdout.strip().splitlines()[-1]
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    quiet = ["--no-access-log"] if args.no_access_log else []
+    quiet = (["--no-access-log"] if args.no_access_log else []) + (["--no-layer"] if args.no_layer else [])
     server = subprocess.Popen([*cli, "serve", "--store", str(store), "--port", str(port), "--rate-limits", "off", *quiet],
                               stdout=subprocess.DEVNULL, stderr=(store.parent / "server.log").open("wb"))
     try:
@@ -218,7 +221,8 @@ def main() -> None:
     ordered = sorted(latencies)
     p50 = statistics.median(ordered) if ordered else float("nan")
     p99 = ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] if ordered else float("nan")
-    table = Table("figure", "value", "target", title=f"REST server: {args.connections} connections, {args.client} client")
+    table = Table("figure", "value", "target", title=f"REST server: {args.connections} connections, {args.client} client, "
+                  f"{'no layer' if args.no_layer else 'layer'}")
     table.add_row("requests/s", f"{rps:,.0f} ({len(statuses):,} in {elapsed:.1f} s)", f">= {TARGET_RPS:,}")
     table.add_row("objects/s", f"{ok * OBJECTS / elapsed:,.0f}", "")
     table.add_row("latency p50 / p99", f"{p50:,.0f} / {p99:,.0f} ms", f"p99 <= {TARGET_P99_MS:,.0f} ms")

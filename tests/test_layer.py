@@ -196,3 +196,26 @@ def test_a_writer_of_another_workspace_waits_for_the_flush(tmp_path: Path) -> No
     layered.close()
     user = other.call("POST", EXPORT, {"external_ids": ["a"], "fields_to_export": ["custom_attributes"]}).body
     assert user["users"] == [{"custom_attributes": {"visits": 3}}]
+
+
+def test_a_failed_flush_fails_no_batch_that_was_logged(tmp_path: Path) -> None:
+    """A flush that fails inside `apply` (here: a table's next log entry cannot be made) leaves
+    the batch answered, as it is logged: failing it would get it applied again by a caller that
+    retries (the server's writer does). The next flush writes it, once."""
+    from deltalake import DeltaTable
+
+    store = tmp_path / "store"
+    Workspace.open(store, seed=SEED).call("POST", TRACK, {"attributes": [{"external_id": "c", "n": 0}]})
+    ws = Workspace.open(store, seed=SEED, layer=True, flush_seconds=3600, flush_rows=1)  # every batch is due
+    entry = store / "external_ids" / "_delta_log" / f"{DeltaTable(str(store / 'external_ids')).version() + 1:020d}.json"
+    entry.mkdir()  # where the flush's entry goes: its commit fails
+    request = {"method": "POST", "path": TRACK,
+               "body": {"attributes": [{"external_id": "c", "n": {"inc": 1}}, {"external_id": "new"}]}}
+    assert [r.status for r in ws.apply([request, request])] == [201, 201]
+    assert len(ws.flush_errors) == 1 and ws.layer is not None and len(ws.layer) == 1
+    entry.rmdir()
+    ws.apply([request])  # due at once: this flush writes both batches
+    assert ws.layer is not None and len(ws.layer) == 0
+    ws.close()
+    user = Workspace.open(store).call("POST", EXPORT, {"external_ids": ["c"], "fields_to_export": ["custom_attributes"]})
+    assert user.body["users"] == [{"custom_attributes": {"n": 3}}]

@@ -336,6 +336,7 @@ class Workspace:
             self.store.commit_layer(layer.records, layer.stages)
             layout.failpoint("layer:flushed")
             layer.clear()
+            self.store.wal_live = None
             self.store.release()
             return n
 
@@ -527,8 +528,11 @@ class Workspace:
                 record = Record({name: pl.concat(frames, how="vertical_relaxed") for name, frames in resolved.parts.items()},
                                 index_entries_stored, settled.next_profile_n, settled.next_update_seq, datetime.now(UTC),
                                 idempotency_key, key_digest, responses, None if subjects is None else subjects.to_list())
-                self.layer.add(record, self.store.head.batch_no)  # synced: it may be answered
-                self._flush_when_due()
+                self.store.wal_live = self.layer.add(record, self.store.head.batch_no)  # synced: it may be answered
+                try:
+                    self._flush_when_due()
+                except Exception as error:  # noqa: BLE001 - the batch is logged: raising would get it applied twice
+                    self.flush_errors.append(error)
             elif changes or staged is not None or idempotency_key is not None:
                 self.store.commit(
                     changes, key=idempotency_key, responses=responses,

@@ -197,5 +197,8 @@ class GroupCommitWriter:
             log.warning("a batch was committed, but a step after its commit failed: %r", store.commit_errors.pop(0))
         while store.merge_errors:  # the store is intact; the next writer rolls the merge back
             log.warning("a run merge after a commit failed: %r", store.merge_errors.pop(0))
+        while self.workspace.flush_errors:  # the batches are in the log: the next flush writes them
+            log.warning("a flush of the in-memory layer failed (its batches are logged, and written at the next "
+                        "flush): %r", self.workspace.flush_errors.pop(0))
         for (_, future), response in zip(batch, responses, strict=True):
             future.set_result(response)

@@ -38,8 +38,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from deltalake import DeltaTable
 
-from engagelake.errors import StoreError, StoreReadOnly
-from engagelake.store import objects
+from engagelake.errors import StoreDamaged, StoreError, StoreReadOnly
+from engagelake.store import objects, wal
 from engagelake.store.footers import INDEX_FOLDER, data_file_of
 from engagelake.store.layout import COMPACTING, LEDGER, writer_lock
 from engagelake.store.lease import Lease
@@ -187,6 +187,8 @@ def check_store(uri: str | Path) -> Report:
                             "forward; `engagelake repair` does too")
     for name in sorted(versions):
         _check_table(report, objects.join(root, name), name, versions[name], compacting=compacting)
+    if not objects.is_remote(root):
+        _check_logs(report, Path(root))
     unnamed = [name for name in STORED if name not in versions and log_entries(objects.join(root, name))]
     if unnamed:
         report.notes.append(f"tables the ledger does not name yet (written by a writer that died, or built by "
@@ -377,6 +379,23 @@ def _data_path(table: str, relative: str) -> str:
     if "://" in relative:
         return unquote(relative) if objects.is_remote(relative) else unquote(relative.split("://", 1)[1])
     return objects.join(table, unquote(relative))
+
+
+def _check_logs(report: Report, root: Path) -> None:
+    """Write-ahead log segments a dead writer left (`store/wal.py`; a live one's writer holds the
+    lock the check waits for): answered batches, which the next open writes where the tables do
+    not hold them yet (a segment whose flush landed just before its writer died holds some)."""
+    waiting = 0
+    for path in wal.segments(root):
+        try:
+            floor, records = wal.read(path)
+        except StoreDamaged as error:
+            report.problems.append(Problem(str(path), _first_line(error)))
+            continue
+        waiting += len(records)
+    if waiting:
+        report.notes.append(f"{waiting} answered batch(es) are in the write-ahead log ({wal.WAL}) a writer left: the "
+                            "next open of the store writes those the tables do not hold yet")
 
 
 def _first_line(error: BaseException) -> str:

@@ -281,7 +281,7 @@ class DeltaStore:
         assert self.local, "an in-memory layer is kept over a local folder only"
         if self._held is not None:
             return
-        self.merger.wait()
+        # (a run merge under way publishes through `_held_turn` once the lock is held here)
         stack = ExitStack()
         stack.enter_context(layout.writer_lock(Path(self.uri), timeout))
         self._held = stack
@@ -303,9 +303,16 @@ class DeltaStore:
     def _replay_at_open(self) -> None:
         """A dead writer's log is replayed by whoever opens the store and can take the lock at
         once; a live layer's owner holds it (and a read-only store is left as it is)."""
-        with suppress(StoreError, OSError), layout.writer_lock(Path(self.uri), 0.0, mark=False):
+        try:
+            lock = layout.writer_lock(Path(self.uri), 0.0, mark=False)
+            lock.__enter__()
+        except (StoreError, OSError):  # held by a live writer, or not ours to write
+            return
+        try:
             self.ledger.head = self.ledger.read_head()
-            self.recover()
+            self.recover()  # a log that cannot be read raises here: damage is told, not skipped
+        finally:
+            lock.__exit__(None, None, None)
 
     def refresh(self) -> bool:
         """True when another writer committed since we last looked (then the head is re-read).

@@ -54,14 +54,13 @@ class Layer:
         for the first record's new segment (the writer lock is held since it was read)."""
         if self.segment is None:
             self.segment = Segment(self.root / WAL, floor)
-            self.stages = Stages()
+            self.stages = Stages(in_memory=True)
             self.started = time.monotonic()
         self.segment.append(record)
         assert self.stages is not None
         n = self.stages.count
         self.stages.add(Changes(parts={name: [frame] for name, frame in record.changes.items()}), record.pairs)
-        self.bytes += sum(path.stat().st_size for files in self.stages.files.values() for stage, path in files
-                          if stage == n)
+        self.bytes += self.stages.size_of(n)
         self.rows += record.rows()
         self.records.append(dataclasses.replace(record, changes={}, pairs={}))
         return self.segment

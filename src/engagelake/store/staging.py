@@ -37,10 +37,17 @@ STREAM_ROWS = 65_536  # rows per Arrow batch the commit writes
 
 
 class Stages:
-    """The stages of one batch, oldest first, in a temporary folder of their own."""
+    """The stages of one batch, oldest first, in a temporary folder of their own; or, `in_memory`,
+    as frames in memory (the in-memory layer's: `store/layer.py`, small batches whose reads of
+    tiny files cost more than the rows they hold)."""
 
-    def __init__(self) -> None:
-        self.folder = scratch.make("stages")
+    def __init__(self, *, in_memory: bool = False) -> None:
+        self.in_memory = in_memory
+        self.folder = Path() if in_memory else scratch.make("stages")
+        self._frames: dict[Path, pl.DataFrame] = {}  # in memory: each "file"'s rows
+        # in memory: every stage's rows of a table with their stage, one frame of a chunk each
+        # (a probe of a layer of many small batches then filters one frame, not a union of many)
+        self._rows: dict[str, pl.DataFrame] = {}
         self.count = 0
         self.files: dict[str, list[tuple[int, Path]]] = {}  # per table: (stage, file)
         # keyed tables: each staged key with the stage and place of its newest row (tombstones
@@ -68,13 +75,33 @@ class Stages:
                 self.newest[name] = staged if old is None else pl.concat(
                     [old.join(staged, on=list(key), how="anti"), staged])
             path = self.folder / f"{n:05d}-{name}.arrow"
-            # uncompressed, to be memory-mapped; plain strings, which pyarrow can take rows from
-            rows.write_ipc(path, compression="uncompressed", compat_level=pl.CompatLevel.oldest())
+            if self.in_memory:
+                self._frames[path] = rows
+                mine = rows.with_columns(pl.lit(n, pl.Int32).alias(STAGE))
+                old_rows = self._rows.get(name)
+                self._rows[name] = mine if old_rows is None else pl.concat([old_rows, mine], how="vertical_relaxed",
+                                                                          rechunk=False)
+            else:  # uncompressed, to be memory-mapped; plain strings, which pyarrow can take rows from
+                rows.write_ipc(path, compression="uncompressed", compat_level=pl.CompatLevel.oldest())
             self.files.setdefault(name, []).append((n, path))
         for index, pairs in index_entries_stored.items():
             path = self.folder / f"{n:05d}-{index}.pairs.arrow"
-            pairs.write_ipc(path, compression="uncompressed")
+            if self.in_memory:
+                self._frames[path] = pairs
+            else:
+                pairs.write_ipc(path, compression="uncompressed")
             self.pairs.setdefault(index, []).append(path)
+
+    def _scan(self, path: Path) -> pl.LazyFrame:
+        frame = self._frames.get(path)
+        return pl.scan_ipc(path) if frame is None else frame.lazy()
+
+    def size_of(self, n: int) -> int:
+        """About the bytes stage `n` holds."""
+        paths = [path for files in self.files.values() for stage, path in files if stage == n]
+        if self.in_memory:
+            return int(sum(self._frames[path].estimated_size() for path in paths))
+        return sum(path.stat().st_size for path in paths)
 
     def _fold_earlier(self, name: str, rows: pl.DataFrame) -> pl.DataFrame:
         """`rows` (one per key) with each partial row folded over its key's row in an earlier
@@ -105,7 +132,9 @@ class Stages:
         files = self.files.get(name)
         if not files:
             return None
-        return pl.concat([pl.scan_ipc(path).with_columns(pl.lit(n, pl.Int32).alias(STAGE)) for n, path in files])
+        if self.in_memory:
+            return self._rows[name].lazy()
+        return pl.concat([self._scan(path).with_columns(pl.lit(n, pl.Int32).alias(STAGE)) for n, path in files])
 
     def gather(self, name: str, places: pl.DataFrame) -> pl.DataFrame:
         """The staged rows of `name` at `places` (`STAGE`, `ROW`), in the order of `places`,
@@ -138,7 +167,7 @@ class Stages:
             places = self.newest[name]
         else:  # a log's rows in stage order: the sort keeps it among equal users and sequences
             places = pl.concat([
-                pl.scan_ipc(path).select(order).with_row_index(ROW).with_columns(pl.lit(n, pl.Int32).alias(STAGE))
+                self._scan(path).select(order).with_row_index(ROW).with_columns(pl.lit(n, pl.Int32).alias(STAGE))
                 for n, path in self.files[name]]).collect()
         places = places.sort(order, maintain_order=True, nulls_last=True).select(STAGE, ROW)
 
@@ -166,15 +195,18 @@ class Stages:
     def _table(self, name: str, n: int) -> pa.Table:
         """Stage `n`'s file of `name`, memory-mapped (kept until the stage is unmapped)."""
         if (name, n) not in self._mapped:
-            source = pa.memory_map(str(self.folder / f"{n:05d}-{name}.arrow"))
-            self._mapped[(name, n)] = pa.ipc.open_file(source).read_all()
+            path = self.folder / f"{n:05d}-{name}.arrow"
+            if (frame := self._frames.get(path)) is not None:
+                self._mapped[(name, n)] = frame.to_arrow(compat_level=pl.CompatLevel.oldest())
+            else:
+                self._mapped[(name, n)] = pa.ipc.open_file(pa.memory_map(str(path))).read_all()
         return self._mapped[(name, n)]
 
     def upserted(self, name: str, columns: list[str]) -> pl.DataFrame:
         """`columns` of the rows the commit writes of a streamed keyed table, tombstones left
         out (for the new index entries)."""
         newest = self.newest[name]
-        parts = [pl.scan_ipc(path).select(*columns, "_deleted").with_row_index(ROW)
+        parts = [self._scan(path).select(*columns, "_deleted").with_row_index(ROW)
                  .join(newest.lazy().filter(pl.col(STAGE) == n).select(ROW), on=ROW, how="semi")
                  .filter(~pl.col("_deleted")).select(columns)
                  for n, path in self.files[name]]
@@ -184,15 +216,19 @@ class Stages:
         """The staged changes of the tables not streamed, in stage order, read when the commit
         merges their table."""
         streamed = self.streamed()
-        return Changes(earlier={name: [pl.scan_ipc(path) for _, path in files]
+        return Changes(earlier={name: [self._scan(path) for _, path in files]
                                 for name, files in self.files.items() if name not in streamed})
 
     def index_entries_stored(self) -> dict[str, list[pl.DataFrame]]:
-        return {index: [pl.read_ipc(path) for path in paths] for index, paths in self.pairs.items()}
+        return {index: [self._frames[path] if self.in_memory else pl.read_ipc(path) for path in paths]
+                for index, paths in self.pairs.items()}
 
     def remove(self) -> None:
         self._mapped.clear()
-        shutil.rmtree(self.folder, ignore_errors=True)
+        self._frames.clear()
+        self._rows.clear()
+        if not self.in_memory:
+            shutil.rmtree(self.folder, ignore_errors=True)
 
 
 class StagedSource:

@@ -148,14 +148,20 @@ def read(path: Path) -> tuple[int, list[Record]]:
     if end < 0:
         return -1, []
     floor = int(orjson.loads(data[len(MAGIC):end])["floor"])
-    return floor, list(_records(data, end + 1))
+    return floor, list(_records(data, end + 1, path))
 
 
-def _records(data: bytes, at: int) -> Iterator[Record]:
+def _records(data: bytes, at: int, path: Path) -> Iterator[Record]:
     while at + _FRAME.size <= len(data):
         length, crc = _FRAME.unpack_from(data, at)
         payload = data[at + _FRAME.size:at + _FRAME.size + length]
-        if len(payload) < length or zlib.crc32(payload) != crc:
-            return  # torn: written, never synced, never answered
-        yield Record.decode(payload)
+        # torn: written, never synced, never answered (a record is never empty: zeros that a
+        # file system left at the end of a grown file read as an empty frame whose CRC matches)
+        if length == 0 or len(payload) < length or zlib.crc32(payload) != crc:
+            return
+        try:
+            yield Record.decode(payload)
+        except Exception as error:  # noqa: BLE001 - a whole record that cannot be read is damage
+            raise StoreDamaged(f"record {at} of the write-ahead log segment {path} cannot be read "
+                               f"({type(error).__name__}: {error}); restore the segment from a backup") from error
         at += _FRAME.size + length
