@@ -404,7 +404,7 @@ def killed(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _torn_tails(segment: Path) -> dict[str, bytes]:
     """Bytes a crash inside a record's write leaves after the last whole record."""
-    _, records = wal.read(segment)
+    records = wal.read(segment).records
     payload = records[-1].encode()
     frame = wal._FRAME.pack(len(payload), 0)
     return {
@@ -421,7 +421,7 @@ def test_a_torn_record_at_the_end_of_a_segment_is_ignored(tmp_path: Path, killed
     record left a part of it: the next open writes the TORN batches, and nothing else."""
     store = copy_store(killed, tmp_path / "store")
     (segment,) = wal.segments(store)
-    assert len(wal.read(segment)[1]) == TORN
+    assert len(wal.read(segment).records) == TORN
     with segment.open("ab") as log:
         log.write(_torn_tails(segment)[tail])
 

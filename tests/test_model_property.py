@@ -1349,3 +1349,44 @@ def test_apply_in_chunks_matches_model(reqs: list[dict], data: st.DataObject) ->
             assert_same(ws.export_users(), model.export_users(), "final export_users()")
         finally:
             close(ws)
+
+
+@pytest.mark.slow
+@engine_only
+@engine_settings(16)
+@given(reqs=request_sequences, data=st.data())
+def test_layered_workspace_matches_model(reqs: list[dict], data: st.DataObject) -> None:
+    """Through the in-memory layer (`store/layer.py`): `apply` in random chunks, the layer
+    flushed at random points, and dropped at others as a killed process leaves it (its log
+    replayed by the next open); every response, and the final export, as the model's."""
+    describe(reqs)
+    steps = data.draw(st.lists(st.sampled_from(["none", "none", "flush", "drop"]), min_size=len(reqs),
+                               max_size=len(reqs)))
+    # flushes due after every batch (each written in a thread of its own while the next batches
+    # read over it), after a hundredth of a second (the flusher's), or never but where asked
+    rows, seconds = data.draw(st.sampled_from([(10**9, 3600.0), (1, 3600.0), (10**9, 0.01)]))
+    note(f"after each request: {steps}; flushed after {rows} rows or {seconds} s")
+    model, want = run_model(reqs)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = str(Path(tmp) / "store")
+
+        def layered() -> Any:
+            return Workspace.open(path, clock=clock, seed=SEED, layer=True, flush_seconds=seconds, flush_rows=rows)
+
+        ws = layered()
+        try:
+            got = []
+            for r, step in zip(reqs, steps, strict=True):
+                got += ws.apply([copy.deepcopy(r)])
+                if step == "flush":
+                    ws.flush()
+                elif step == "drop":  # the lock and the layer go as a killed process's do
+                    ws.layer.drop()
+                    ws = layered()
+            for i, (g, w) in enumerate(zip(got, want, strict=True)):
+                assert_same(response_pair(g), w, f"response to request {i}")
+            assert_same(ws.export_users(), model.export_users(), "final export_users(), through the layer")
+            ws.close()
+            assert_same(new_engine(tmp).export_users(), model.export_users(), "final export_users(), flushed")
+        finally:
+            close(ws)

@@ -106,6 +106,7 @@ class _FailingWorkspace:
     def __init__(self) -> None:
         self.store = SimpleNamespace(commit_errors=[], merge_errors=[])
         self.applied: list[list[int]] = []
+        self.flush_errors: list[BaseException] = []  # as a layered workspace's
 
     def apply(self, requests: list[dict[str, Any]]) -> list[Response]:
         self.applied.append([r["n"] for r in requests])

@@ -55,16 +55,17 @@ from engagelake.rules.identity.cleanup import cleanup_push_profiles
 from engagelake.rules.identity.lineage import lineage_rows
 from engagelake.rules.profile.reading import TrackReader
 from engagelake.rules.state import State
-from engagelake.store import layout, objects, scratch
+from engagelake.store import objects, scratch
 from engagelake.store.compaction import MIN_PART_ROWS, Part, Plan, Written
 from engagelake.store.compactor import Compaction
 from engagelake.store.delta import DeltaStore
-from engagelake.store.layer import FLUSH_BYTES, FLUSH_ROWS, FLUSH_SECONDS, Layer
-from engagelake.store.layout import store_state
+from engagelake.store.layer import FLUSH_BYTES, FLUSH_ROWS, FLUSH_SECONDS, Layers
+from engagelake.store.layout import Head, store_state
 from engagelake.store.ledger import RESPONSE_RETENTION
 from engagelake.store.wal import Record
 from engagelake.tables.credentials import UNPUBLISHED
 from engagelake.tables.schema import TABLES
+from engagelake.tables.source import RowSource
 
 if TYPE_CHECKING:
     import duckdb  # imported where used: a process that only reads never loads it
@@ -174,14 +175,12 @@ class Workspace:
     def __init__(self, store: DeltaStore, clock: Clock, *, fields_required: bool,
                  memory_limit: str | None = None, retry_for: float = RETRY_FOR_S,
                  monthly_active_user_plan: bool = False, response_retention: timedelta = RESPONSE_RETENTION,
-                 layer: Layer | None = None):
+                 layer: dict[str, Any] | None = None):
         self.store = store
-        # batches answered once logged, kept here until a flush writes them (`store/layer.py`)
-        self.layer = layer if store.local else None
-        self._turn = threading.RLock()  # a batch or a flush at a time (the flusher is a thread)
-        self._flusher: threading.Thread | None = None
-        self._closing = threading.Event()
-        self.flush_errors: list[BaseException] = []  # the flusher's failures (the log keeps the batches)
+        self._turn = threading.RLock()  # a batch or a change of layers at a time (flushes are threads)
+        # batches answered once logged, kept until a flush writes them (`store/layer.py`);
+        # `layer`: its settings
+        self.layer = Layers(store, self._turn, **layer) if layer is not None and store.local else None
         store.response_retention = response_retention  # compaction drops stored responses older than this
         self.retry_for = retry_for  # how long a batch waits out other writers
         self.clock = clock
@@ -228,7 +227,7 @@ class Workspace:
         store = DeltaStore(uri, seed=seed, create=create)
         if layer is None:
             layer = os.environ.get(LAYER_ENV, "").strip().lower() in ("1", "on", "true", "yes")
-        kept = Layer(Path(store.uri), seconds=flush_seconds, rows=flush_rows, size=flush_bytes) if layer else None
+        kept = {"seconds": flush_seconds, "rows": flush_rows, "size": flush_bytes} if layer else None
         return cls(store, clock or _now, fields_required=fields_required,
                    memory_limit=memory_limit, retry_for=retry_for, monthly_active_user_plan=monthly_active_user_plan,
                    response_retention=response_retention, layer=kept)
@@ -315,66 +314,24 @@ class Workspace:
     def close(self) -> None:
         """Flush the in-memory layer, if any, and wait for the run merges that follow the last
         commit (a process's exit waits for them too); the workspace stays usable."""
-        self._closing.set()
-        if self._flusher is not None:
-            self._flusher.join()
-            self._flusher = None
-        self._closing.clear()
-        self.flush()
+        if self.layer is not None:
+            self._layer_errors(self.layer.close)
         self.store.wait_for_merges()
 
-    @_store_errors
     def flush(self) -> int:
-        """Write the in-memory layer's batches to the tables as one commit (`store/layer.py`),
-        and let go of the writer lock; returns the batches written. Without a layer, nothing."""
-        with self._turn:
-            layer = self.layer
-            if layer is None or not layer.records:
-                return 0
-            assert layer.stages is not None
-            n = len(layer)
-            self.store.commit_layer(layer.records, layer.stages)
-            layout.failpoint("layer:flushed")
-            layer.clear()
-            self.store.wal_live = None
-            self.store.release()
-            return n
+        """Write the in-memory layer's batches to the tables (`store/layer.py`), and let go of
+        the writer lock; returns the batches written. Without a layer, nothing."""
+        return 0 if self.layer is None else self._layer_errors(self.layer.flush)
 
-    def _flush_when_due(self) -> None:
-        """After a batch: flush a layer that is due, and keep a flusher thread for the others."""
-        assert self.layer is not None
-        if self.layer.due():
-            self.flush()
-        elif self._flusher is None or not self._flusher.is_alive():
-            self._flusher = threading.Thread(target=self._flush_in_time, name="engagelake-flush", daemon=True)
-            self._flusher.start()
+    @_store_errors
+    def _layer_errors(self, step: Callable[[], T]) -> T:
+        return step()
 
-    def _flush_in_time(self) -> None:
-        """The flusher: flush the layer once it is due, until it is empty or the workspace closes."""
-        layer = self.layer
-        assert layer is not None
-        while not self._closing.wait(min(layer.seconds / 4, 0.25)):
-            with self._turn:
-                if not layer.records:
-                    return
-                if not layer.due():
-                    continue
-                try:
-                    self.flush()
-                except Exception as error:  # noqa: BLE001 - the batches are logged: the next flush or writer writes them
-                    self.flush_errors.append(error)
-                return
-
-    def _hold(self) -> None:
-        """Before a batch of the layer: the writer lock, kept until the flush (a writer of
-        another process that waited for it goes first: `layout.wanted`)."""
-        if self.store.held:
-            return
-        root = Path(self.store.uri)
-        deadline = time.monotonic() + self.retry_for
-        while layout.wanted(root) and time.monotonic() < deadline:
-            time.sleep(0.005)
-        self.store.hold(max(deadline - time.monotonic(), 0.0))
+    @property
+    def flush_errors(self) -> list[BaseException]:
+        """Flushes that failed after their batches were answered (the batches stay logged, and
+        are written by the next flush, or the next writer)."""
+        return [] if self.layer is None else self.layer.errors
 
     def __enter__(self) -> Workspace:
         return self
@@ -386,14 +343,20 @@ class Workspace:
     def state(self) -> State:
         """The store as rules see it, the in-memory layer's batches included: nothing is read
         until a rule asks for rows."""
+        return self._read()[0]
+
+    def _read(self) -> tuple[State, Head]:
+        """The state, and the head under it (with a layer: the tables its batches read)."""
         with self._turn:
-            self.store.refresh()
-            head = self.store.head
-            if self.layer is None or (counters := self.layer.counters()) is None:
-                return State.over(self.store.snapshot(), next_profile_n=head.next_profile_n,
-                                  next_update_seq=head.next_update_seq)
-            return State.over(self.layer.source(self.store.snapshot()), next_profile_n=counters[0],
-                              next_update_seq=counters[1])
+            source: RowSource
+            counters: tuple[int, int] | None
+            if self.layer is None:
+                self.store.refresh()
+                source, head, counters = self.store.snapshot(), self.store.head, None
+            else:
+                source, head, counters = self.layer.read()
+            next_n, next_seq = counters or (head.next_profile_n, head.next_update_seq)
+            return State.over(source, next_profile_n=next_n, next_update_seq=next_seq), head
 
     def _find_batch(self, key: str) -> Any:
         found = self.layer.find(key) if self.layer is not None else None
@@ -500,13 +463,13 @@ class Workspace:
         # a batch run again inside `exclusive` (after a flush made room for it: `_before_big`)
         # commits on its own
         layered = self.layer is not None and not self.store.exclusive_here()
-        if layered:
-            self._hold()
-        state = self.state
-        read_at = self.store.head.content_batch  # what the batch reads: the commit checks it still holds
+        if self.layer is not None and layered:
+            self.layer.hold(self.retry_for)
+        state, head = self._read()
+        read_at = head.content_batch  # what the batch reads: the commit checks it still holds
         if idempotency_key is not None:  # its responses are stored: note whom they concern
             state = dataclasses.replace(state, subjects=[])
-        batch = Batch(state, clock=self.clock(), seed=self.store.head.seed,
+        batch = Batch(state, clock=self.clock(), seed=head.seed,
                       batch_id=idempotency_key or uuid.uuid4().hex,
                       before_big=self._before_big if layered else self.store.wait_for_merges,
                       max_updates=MAU_UPDATES_PER_REQUEST if self.monthly_active_user_plan else None,
@@ -528,11 +491,7 @@ class Workspace:
                 record = Record({name: pl.concat(frames, how="vertical_relaxed") for name, frames in resolved.parts.items()},
                                 index_entries_stored, settled.next_profile_n, settled.next_update_seq, datetime.now(UTC),
                                 idempotency_key, key_digest, responses, None if subjects is None else subjects.to_list())
-                self.store.wal_live = self.layer.add(record, self.store.head.batch_no)  # synced: it may be answered
-                try:
-                    self._flush_when_due()
-                except Exception as error:  # noqa: BLE001 - the batch is logged: raising would get it applied twice
-                    self.flush_errors.append(error)
+                self.layer.add(record, head)  # synced when this returns: it may be answered
             elif changes or staged is not None or idempotency_key is not None:
                 self.store.commit(
                     changes, key=idempotency_key, responses=responses,
@@ -550,7 +509,7 @@ class Workspace:
         """A batch of the layer grew big (a full pass, or rows to stage): it is written by a
         commit of its own, over a store that holds the layer's batches. A layer that holds
         some is flushed first, and the batch runs again over the tables (`_retrying`)."""
-        if self.layer is not None and self.layer.records:
+        if self.layer is not None and len(self.layer):
             self.flush()
             raise _LayerFlushed(f"the in-memory layer of {self.store.uri} was flushed before a big batch")
         self.store.wait_for_merges()

@@ -388,11 +388,9 @@ def _check_logs(report: Report, root: Path) -> None:
     waiting = 0
     for path in wal.segments(root):
         try:
-            floor, records = wal.read(path)
+            waiting += len(wal.read(path).records)
         except StoreDamaged as error:
             report.problems.append(Problem(str(path), _first_line(error)))
-            continue
-        waiting += len(records)
     if waiting:
         report.notes.append(f"{waiting} answered batch(es) are in the write-ahead log ({wal.WAL}) a writer left: the "
                             "next open of the store writes those the tables do not hold yet")

@@ -117,7 +117,7 @@ class DeltaStore:
         # batches and flushes, and this store's merges, take turns on `_held_turn` instead
         self._held: ExitStack | None = None
         self._held_turn = threading.RLock()
-        self.wal_live: wal.Segment | None = None  # the segment of this process's live layer
+        self.wal_live: set[Path] = set()  # the segments of this process's live layers
         self.replayed = 0  # batches of dead writers' logs this store wrote (`replay_logs`)
         if self.local and wal.segments(Path(self.uri)):
             self._replay_at_open()
@@ -356,13 +356,18 @@ class DeltaStore:
         """Write the batches of dead writers' logs that the tables do not hold (under the
         writer lock, after the roll-back of their half-written tables), each log as one commit,
         and remove the logs; returns the batches written. A log after whose floor the ledger
-        holds a content batch was written already (`store/wal.py`)."""
+        holds enough content batches was written already (`store/wal.py`)."""
         from engagelake.store.staging import Stages  # only when a log is left
 
         written = 0
-        for path in wal.segments(Path(self.uri), but=None if self.wal_live is None else self.wal_live.path):
-            floor, records = wal.read(path)
-            if records and self.head.content_batch <= floor:
+        for path in wal.segments(Path(self.uri), but=self.wal_live):
+            log = wal.read(path)
+            records = log.records
+            landed = self.ledger.batches_after(log.floor) if records else 0
+            if records and log.before < landed < log.before + len(records):
+                raise StoreDamaged(f"the write-ahead log segment {path} holds {len(records)} batches of which the "
+                                   f"ledger holds only some ({landed - log.before}): a flush writes all or none")
+            if records and landed <= log.before:
                 stages = Stages()
                 try:
                     for record in records:
@@ -456,7 +461,7 @@ class DeltaStore:
         (`hold`), so nothing can have overtaken them."""
         self.merger.begin_commit()
         with self.writer_lock():
-            self.refresh()
+            self.recover()  # a flush that failed half-way left tables ahead of the ledger
             self.write_records(records, stages)
         self.merger.after_commit()
 

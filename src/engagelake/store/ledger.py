@@ -278,6 +278,15 @@ class Ledger(OnPlace):
         return StoredBatch(None if text is None else orjson.loads(text), row.get("digest"), row["committed_at"],
                            dropped=row.get("responses_dropped") or (None if text is not None else "expired"))
 
+    def batches_after(self, batch_no: int) -> int:
+        """How many rows of batches (not merges or compactions) the ledger holds after `batch_no`
+        (a write-ahead log's replay asks: `store/wal.py`)."""
+        table = objects.delta_table(self._path(LEDGER))
+        kinds = "kind" in {field.name for field in table.schema().fields}
+        rows = pl.DataFrame(pl.from_arrow(table.to_pyarrow_table(columns=["batch_no", *(["kind"] if kinds else [])],
+                                                                  filters=[("batch_no", ">", batch_no)])))
+        return rows.filter(_CHANGED_CONTENT).height if kinds else rows.height
+
     def landed(self, batch_no: int) -> bool:
         """Whether the ledger now holds batch `batch_no` (the writer lock is held: no other
         writer can have written it). Unknown counts as no: the caller then raises."""

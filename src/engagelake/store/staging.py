@@ -225,9 +225,7 @@ class Stages:
 
     def remove(self) -> None:
         self._mapped.clear()
-        self._frames.clear()
-        self._rows.clear()
-        if not self.in_memory:
+        if not self.in_memory:  # in memory, the frames go with the last reader still holding them
             shutil.rmtree(self.folder, ignore_errors=True)
 
 

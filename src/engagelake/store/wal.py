@@ -6,14 +6,16 @@ index entries it read, the store's counters after it, and what the ledger keeps 
 digest, responses, users, the time it was answered). Replay writes those rows again: it runs no
 rule, so it gives the same rows by construction, whatever the clock or the code says now.
 
-One segment file, `_wal/<floor>-<id>.log`, holds the records of one layer: from its first batch
-to the flush that writes them all as one commit. `floor` is the ledger's batch at the segment's
-start; the layer's owner holds the writer lock from then until the segment is gone, so a content
-batch after `floor` in the ledger can only be that flush: a segment that one follows is written
-already (its file outlived the flush by a crash) and is removed; any other is replayed by the
-next writer. Appending a record is one `write` and one `fdatasync`; the segment's creation
-syncs its folder too. A torn record at the end (a crash inside the write, before its sync, so
-never answered) ends the segment.
+One segment file, `_wal/<floor>-<before>-<id>.log`, holds the records of one layer: from its
+first batch to the flush that writes them all as one commit. The layers' owner holds the writer
+lock from the first layer's start to the last one's flush, so the ledger's content batches after
+`floor` (its batch when the lock was taken) are that owner's flushes, and `before` says how many
+batches the layers before this one held: a segment is written already (its file outlived its
+flush by a crash) when the ledger holds `before` + its records such batches after `floor`, and
+is replayed by the next writer when it holds `before` or fewer (the earlier segments replayed
+first). Appending a record is one `write` and one `fdatasync`; the segment's creation syncs its
+folder too. A torn record at the end (a crash inside the write, before its sync, so never
+answered) ends the segment.
 """
 
 from __future__ import annotations
@@ -90,14 +92,14 @@ class Record:
 class Segment:
     """The open segment of a live layer: records are appended and synced one by one."""
 
-    def __init__(self, folder: Path, floor: int):
+    def __init__(self, folder: Path, floor: int, before: int):
         made = not folder.is_dir()
         folder.mkdir(exist_ok=True)
-        self.floor = floor
-        self.path = folder / f"{floor:012d}-{uuid.uuid4().hex[:12]}.log"
+        self.floor, self.before = floor, before
+        self.path = folder / f"{floor:012d}-{before:09d}-{uuid.uuid4().hex[:12]}.log"
         self.fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o600)
         self.records = 0
-        self._write(MAGIC + orjson.dumps({"floor": floor}) + b"\n")
+        self._write(MAGIC + orjson.dumps({"floor": floor, "before": before}) + b"\n")
         if appends.syncing():  # the segment's name (and the log's folder) must be durable too
             appends.sync_folder(str(folder))
             if made:
@@ -128,27 +130,37 @@ class Segment:
             self.fd = -1
 
 
-def segments(root: Path, *, but: Path | None = None) -> list[Path]:
-    """The segment files of the store at `root`, oldest first, but `but` (a live one)."""
+def segments(root: Path, *, but: frozenset[Path] | set[Path] = frozenset()) -> list[Path]:
+    """The segment files of the store at `root`, oldest first (by floor, then `before`), but
+    those of `but` (live ones)."""
     folder = root / WAL
     if not folder.is_dir():
         return []
-    return sorted(p for p in folder.iterdir() if p.suffix == ".log" and p != but)
+    return sorted(p for p in folder.iterdir() if p.suffix == ".log" and p not in but)
 
 
-def read(path: Path) -> tuple[int, list[Record]]:
-    """A segment's floor and its whole records, in order (a torn one at the end is dropped)."""
+@dataclass(frozen=True)
+class Log:
+    """A segment as read back: its chain (`floor`, `before`) and its whole records, in order."""
+
+    floor: int
+    before: int
+    records: list[Record]
+
+
+def read(path: Path) -> Log:
+    """A segment's chain and its whole records (a torn one at the end is dropped)."""
     data = path.read_bytes()
     if not data.startswith(MAGIC):
         if len(data) < len(MAGIC) and MAGIC.startswith(data):
-            return -1, []  # its header was never synced: no record either
+            return Log(-1, 0, [])  # its header was never synced: no record either
         raise StoreDamaged(f"{path} is not a write-ahead log segment of engagelake: move it out of the store's "
                            f"{WAL} folder")
     end = data.find(b"\n", len(MAGIC))
     if end < 0:
-        return -1, []
-    floor = int(orjson.loads(data[len(MAGIC):end])["floor"])
-    return floor, list(_records(data, end + 1, path))
+        return Log(-1, 0, [])
+    header = orjson.loads(data[len(MAGIC):end])
+    return Log(int(header["floor"]), int(header.get("before", 0)), list(_records(data, end + 1, path)))
 
 
 def _records(data: bytes, at: int, path: Path) -> Iterator[Record]:
