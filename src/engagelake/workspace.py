@@ -60,7 +60,7 @@ from engagelake.store.compaction import MIN_PART_ROWS, Part, Plan, Written
 from engagelake.store.compactor import Compaction
 from engagelake.store.delta import DeltaStore
 from engagelake.store.layer import FLUSH_BYTES, FLUSH_ROWS, FLUSH_SECONDS, Layers
-from engagelake.store.layout import Head, store_state
+from engagelake.store.layout import Head, StoredBatch, store_state
 from engagelake.store.ledger import RESPONSE_RETENTION
 from engagelake.store.wal import Record
 from engagelake.tables.credentials import UNPUBLISHED
@@ -358,7 +358,7 @@ class Workspace:
             next_n, next_seq = counters or (head.next_profile_n, head.next_update_seq)
             return State.over(source, next_profile_n=next_n, next_update_seq=next_seq), head
 
-    def _find_batch(self, key: str) -> Any:
+    def _find_batch(self, key: str) -> StoredBatch | None:
         found = self.layer.find(key) if self.layer is not None else None
         return found if found is not None else self.store.find_batch(key)
 

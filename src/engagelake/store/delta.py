@@ -303,16 +303,13 @@ class DeltaStore:
     def _replay_at_open(self) -> None:
         """A dead writer's log is replayed by whoever opens the store and can take the lock at
         once; a live layer's owner holds it (and a read-only store is left as it is)."""
-        try:
-            lock = layout.writer_lock(Path(self.uri), 0.0, mark=False)
-            lock.__enter__()
-        except (StoreError, OSError):  # held by a live writer, or not ours to write
-            return
-        try:
+        with ExitStack() as lock:
+            try:
+                lock.enter_context(layout.writer_lock(Path(self.uri), 0.0, mark=False))
+            except (StoreError, OSError):  # held by a live writer, or not ours to write
+                return
             self.ledger.head = self.ledger.read_head()
             self.recover()  # a log that cannot be read raises here: damage is told, not skipped
-        finally:
-            lock.__exit__(None, None, None)
 
     def refresh(self) -> bool:
         """True when another writer committed since we last looked (then the head is re-read).

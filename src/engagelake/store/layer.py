@@ -21,6 +21,7 @@ lets go, and waits its turn (`docs/decisions.md`).
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from concurrent.futures import Future
@@ -72,8 +73,7 @@ class Layer:
         self.stages.add(Changes(parts={name: [frame] for name, frame in record.changes.items()}), record.pairs)
         self.bytes += self.stages.size_of(n)
         self.rows += record.rows()
-        self.records.append(Record({}, {}, record.next_profile_n, record.next_update_seq, record.answered_at,
-                                   record.key, record.digest, record.responses, record.subjects))
+        self.records.append(dataclasses.replace(record, changes={}, pairs={}))
         return self.segment
 
     def due(self, seconds: float, rows: int, size: int) -> bool:
