@@ -25,8 +25,10 @@ BATCHES = 8  # per writer
 
 def _writer(store: str, writer: int) -> list[int]:
     """`BATCHES` batches: each adds 1 to a counter every writer shares (a lost update would
-    show in its total) and creates a user of its own. Returns the statuses."""
-    ws = Workspace.open(store, seed=SEED)
+    show in its total) and creates a user of its own. Returns the statuses. Writer 0 keeps an
+    in-memory layer, as `engagelake serve` does: it holds the lock until a flush lets the others
+    in (`store/layer.py`)."""
+    ws = Workspace.open(store, seed=SEED, layer=writer == 0, flush_seconds=0.2)
     statuses = []
     for n in range(BATCHES):
         body = {"attributes": [{"external_id": "shared", "count": {"inc": 1}},
