@@ -342,6 +342,22 @@ def test_bad_http_input_gets_json_errors(keyed: tuple[httpx.Client, Workspace, d
     assert (no_body.status_code, no_body.json()) == (400, Workspace.open(keyed[1].store.uri).call("POST", "/users/track").body)
 
 
+def test_user_endpoints_take_at_most_4_mb_as_the_hosted_api(tmp_path: Path) -> None:
+    """A bulk pass costs up to about 130 times its body (issue 56): `/users/*` bodies are
+    bounded at the hosted API's 4 MB whatever `max_body_bytes` allows; other endpoints keep it."""
+    ws = open_ws(tmp_path)
+    key = ws.credentials.create_key("all", ["all"])
+    with served(ws) as client:
+        big = {"attributes": [{"external_id": "x1", "note": "y" * (5 << 20)}]}
+        r = send(client, "POST", "/users/track", big, bearer(key))
+        assert (r.status_code, r.json()) == (413, {"message": "request body over 4,194,304 bytes; split it into "
+                                                              "smaller requests"})
+        catalog = send(client, "PUT", "/catalogs/none/items", {"items": [{"id": "a", "note": "y" * (5 << 20)}]},
+                       bearer(key))
+        assert catalog.status_code != 413
+    assert ws.export_users(["external_id"]) == []
+
+
 def test_bodies_over_the_limit_get_413(tmp_path: Path) -> None:
     ws = open_ws(tmp_path)
     key = ws.credentials.create_key("all", ["all"])

@@ -27,6 +27,7 @@ import orjson
 import polars as pl
 
 from engagelake.rules import messages as M
+from engagelake.rules.counts import TOO_MANY
 from engagelake.rules.state import Changes, State
 
 
@@ -232,6 +233,10 @@ class Router:
                 raise _refusal(unheld.message, endpoint) from None
         elif reads_data:
             body = orjson.loads(data)  # what an HTTP client would have sent: datetimes as text, tuples as arrays
+        # a bulk pass's count limits, before DuckDB expands every element (`rules/counts.py`)
+        if isinstance(endpoint, str) and (count := TOO_MANY.get(endpoint)) is not None \
+                and (message := count(body)) is not None:
+            raise _refusal(message, endpoint)
         return body, data.decode()
 
 
