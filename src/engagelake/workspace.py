@@ -271,13 +271,14 @@ class Workspace:
                         response_retention=response_retention, storage_options=storage_options)
 
     @staticmethod
-    def check(uri: str | Path) -> Report:
+    def check(uri: str | Path, *, deep: bool = False) -> Report:
         """Verify the store at `uri` (a local folder or a URI) against its ledger (`engagelake
         check`): every table version the ledger names, its log entries and every data file it
-        references. Opens nothing: a damaged store can be checked."""
+        references (`deep`: every page of it decoded). Opens nothing: a damaged store can be
+        checked."""
         from engagelake.store.check import check
 
-        return check(uri)
+        return check(uri, deep=deep)
 
     @staticmethod
     def repair(uri: str | Path) -> Report:

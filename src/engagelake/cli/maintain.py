@@ -94,19 +94,24 @@ def publish(
         + ", ".join(f"{name} {n:,}" for name, n in rows.items()), markup=False)
 
 
-def check(store: Store = DEFAULT_STORE) -> None:
+def check(
+    store: Store = DEFAULT_STORE,
+    deep: Annotated[bool, typer.Option("--deep", help="Decode every data page too, not only each file's footer: "
+                                       "finds a page damaged under a sound footer, and reads the whole store.")] = False,
+) -> None:
     """Verify a store (a folder or an s3:// URI) against its ledger; exit 0 when healthy, 1 otherwise.
 
-    Every table version the ledger names must exist, its Delta log entries parse, and every data file it references exist and its Parquet footer read. Prints one line per problem, notes (such as what the read caches under _footers/ hold), then what `engagelake repair` would do about it.
+    Every table version the ledger names must exist, its Delta log entries parse, and every data file it references exist and its Parquet footer read (with --deep: every page decode). Prints one line per problem, notes (such as what the read caches under _footers/ hold), then what `engagelake repair` would do about it.
 
     Examples:
       engagelake check --store data/store
+      engagelake check --deep --store data/store
       engagelake check --store s3://lake/engagement
     """
     with input_errors():
         from engagelake import Workspace
 
-        report = Workspace.check(store)
+        report = Workspace.check(store, deep=deep)
     for line in Workspace.check_lines(report):
         typer.echo(line)
     if report.repairable and not report.unrepairable():

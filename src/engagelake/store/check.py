@@ -4,7 +4,7 @@ storage) against its ledger, and undo what a dead or damaged commit left, where 
 The check reads, for the ledger and for every table at the version the ledger names: each Delta
 log entry (it must parse, and the entries must follow each other), the version itself, and every
 data file that version references (it must exist, its Parquet footer must read, and its row count
-must be the log's). Tables whose log goes past the ledger's version hold a batch (or a run merge)
+must be the log's; with `deep`, every page must decode). Tables whose log goes past the ledger's version hold a batch (or a run merge)
 that never committed: the next writer rolls them back, so that alone is no problem. A ledger row
 file that no ledger log entry references, of a batch after the head, is one: the ledger's newest
 log entry was deleted or lost, and rolling the tables back would drop a batch silently, so
@@ -75,6 +75,7 @@ class Report:
     checked: dict[str, int] = field(default_factory=dict)  # table: data files verified
     current: dict[str, set[str]] = field(default_factory=dict)  # table: its data files at the ledger's version
     head: int | None = None  # the ledger's newest batch (after a repair: the one kept)
+    deep: bool = False  # every data page decoded, not only the footers (`check --deep`)
 
     @property
     def healthy(self) -> bool:
@@ -144,11 +145,12 @@ def root_of(uri: str | Path) -> str:
     return text if objects.is_remote(text) else str(Path(text.removeprefix("file://")))
 
 
-def check_store(uri: str | Path) -> Report:
+def check_store(uri: str | Path, *, deep: bool = False) -> Report:
     """Check the store at `uri` (a local folder or a URI) without locking it; see the module
-    docstring."""
+    docstring. `deep` decodes every data page too: a page damaged under an intact footer is
+    found only so (it reads the whole store)."""
     root = root_of(uri)
-    report = Report(root)
+    report = Report(root, deep=deep)
     if not objects.is_folder(root):
         report.problems.append(Problem(root, "is not a folder" if objects.exists(root) else "does not exist"))
         return report
@@ -335,8 +337,25 @@ def _check_files(report: Report, table: str, name: str, version: int) -> bool:
             report.problems.append(Problem(path, f"holds {held} rows, the log says {rows}; restore it "
                                            "from a backup"))
             ok = False
+        elif report.deep and (error := _undecodable(path)) is not None:
+            report.problems.append(Problem(path, f"holds a data page that cannot be read ({_first_line(error)}); "
+                                           "restore it from a backup"))
+            ok = False
     report.checked[name] = actions.num_rows
     return ok
+
+
+def _undecodable(path: str) -> Exception | None:
+    """The error decoding every page of the Parquet file at `path` raises, if any (a row group
+    at a time: memory follows the row group, not the file)."""
+    try:
+        with objects.open_input(path) as source:
+            parquet = pq.ParquetFile(source)
+            for group in range(parquet.num_row_groups):
+                parquet.read_row_group(group)
+    except (OSError, pa.ArrowException) as error:
+        return error
+    return None
 
 
 def _lost_ledger_rows(report: Report, ledger: DeltaTable, head: int) -> None:
@@ -426,17 +445,17 @@ def turn(root: str) -> Iterator[Lease | None]:
         lease.release(clean=lease.clean_before)
 
 
-def check(uri: str | Path) -> Report:
+def check(uri: str | Path, *, deep: bool = False) -> Report:
     """`check_store` in the writer's turn when the store can be locked (a live writer's commit
     in flight would look like a lost ledger entry), without it in a read-only store."""
     root = root_of(uri)
     if not objects.is_folder(objects.join(root, LEDGER)):
-        return check_store(root)
+        return check_store(root, deep=deep)
     try:
         with turn(root):
-            return check_store(root)
+            return check_store(root, deep=deep)
     except StoreReadOnly as error:  # no writer can be running, or none this process may wait for
-        report = check_store(root)
+        report = check_store(root, deep=deep)
         if objects.is_remote(root):
             report.notes.append(f"checked without the writers' lease ({error}): a commit in flight would look "
                                 "like damage; check again if a problem names the newest ledger entry")

@@ -219,12 +219,15 @@ class DeltaStore:
         from engagelake.store import check  # only on this error path
 
         report = check.check_store(self.uri)
+        if report.healthy and _decoding(error):  # a page damaged under a sound footer: found by decoding
+            report = check.check_store(self.uri, deep=True)
         if report.healthy:
             return error
         hint = (f"run `engagelake repair --store {self.uri}`" if not report.unrepairable()
                 else "restore the files named from a backup")
+        deep = " --deep" if report.deep else ""
         return StoreDamaged(f"the store at {self.uri} is damaged ({len(report.problems)} problem(s)); {hint}; "
-                            f"`engagelake check --store {self.uri}` lists every problem:\n{check.describe(report)}")
+                            f"`engagelake check{deep} --store {self.uri}` lists every problem:\n{check.describe(report)}")
 
     # --- the writer's turn ------------------------------------------------------------------------
     @contextmanager
@@ -580,3 +583,13 @@ class DeltaStore:
     def compact_part(self, plan: Plan, part: Part) -> Written:
         """Write `part` of the compaction `plan` as files of its table, not committed."""
         return self.compactor.compact_part(plan, part)
+
+
+def _decoding(error: BaseException) -> bool:
+    """Whether `error` is a reader's failure to decode data (Polars', Arrow's or DuckDB's), not a
+    refused or missing file."""
+    if isinstance(error, OSError) and not type(error).__module__.startswith("pyarrow"):
+        return False
+    text = str(error).lower()
+    return isinstance(error, pl.exceptions.ComputeError) or "parquet" in text or "thrift" in text \
+        or type(error).__module__.startswith("pyarrow")
