@@ -211,6 +211,8 @@ def test_a_damaged_data_file_names_the_file_and_is_not_repaired(tmp_path: Path, 
     if damage == "pages":  # its footer reads: only decoding its pages finds it
         assert check(store).healthy
         assert "engagelake check --deep" in str(raised.value)
+        with pytest.raises(StoreDamaged, match=path.name):  # DuckDB's reader, as `engagelake sql` reads
+            Workspace.open(store, create=False).sql("SELECT count(*) FROM profiles")
     report = check(store, deep=True)
     assert [p.path for p in report.problems] == [str(path)]
     before = listing(store)

@@ -151,6 +151,14 @@ def _errors_below() -> tuple[type[BaseException], ...]:
     return tuple(below)
 
 
+def _below(error: Exception) -> bool:
+    """Whether `error` may come of a file under the store: one of `_errors_below`, or DuckDB's
+    plain `Error`, which a page it cannot decode raises (a mistake in a query raises one of its
+    subclasses: a parser's, a binder's, a catalog's)."""
+    duck = sys.modules.get("duckdb")
+    return isinstance(error, _errors_below()) or (duck is not None and type(error) is duck.Error)
+
+
 def _store_errors(method: Callable[P, T]) -> Callable[P, T]:
     """A Workspace method whose failures below the store become StoreError: StoreDamaged
     naming the file at fault, StoreReadOnly for a refused write (`DeltaStore.damaged`)."""
@@ -161,7 +169,9 @@ def _store_errors(method: Callable[P, T]) -> Callable[P, T]:
             return method(*args, **kwargs)
         except EngagelakeError:
             raise
-        except _errors_below() as error:
+        except Exception as error:
+            if not _below(error):
+                raise
             workspace = args[0]
             assert isinstance(workspace, Workspace)
             raise workspace.store.damaged(error) from error

@@ -591,5 +591,6 @@ def _decoding(error: BaseException) -> bool:
     if isinstance(error, OSError) and not type(error).__module__.startswith("pyarrow"):
         return False
     text = str(error).lower()
+    kind = type(error)
     return isinstance(error, pl.exceptions.ComputeError) or "parquet" in text or "thrift" in text \
-        or type(error).__module__.startswith("pyarrow")
+        or kind.__module__.startswith("pyarrow") or (kind.__name__ == "Error" and "duckdb" in kind.__module__)
