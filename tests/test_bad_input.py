@@ -347,3 +347,20 @@ def test_a_number_beyond_a_double_inside_a_tuple_is_refused(ws) -> None:
     assert ws.call("POST", TRACK, {"attributes": [{"external_id": "u", "t": (float("inf"),)}]}) == Response(
         400, {"message": message, "errors": [message]})
     assert custom_attributes(ws, "u") == {"t": [1]}
+
+
+def test_a_planted_partial_link_is_not_written_through(tmp_path) -> None:
+    """A request folder another user can write to holds `.<name>.partial` linked to a file of
+    ours (issue 56): writing the responses must leave that file as it was."""
+    from pathlib import Path
+
+    from engagelake.files import write_bytes_atomically
+
+    victim = Path(tmp_path) / "victim.txt"
+    victim.write_bytes(b"kept")
+    target = Path(tmp_path) / "batch.responses.ndjson"
+    (Path(tmp_path) / f".{target.name}.partial").symlink_to(victim)
+    write_bytes_atomically(target, b"answers\n")
+    assert victim.read_bytes() == b"kept"
+    assert target.read_bytes() == b"answers\n" and not target.is_symlink()
+    assert sorted(p.name for p in Path(tmp_path).iterdir()) == [f".{target.name}.partial", target.name, "victim.txt"]

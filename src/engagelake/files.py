@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import tempfile
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -300,10 +301,17 @@ def join_user_files(parts: Sequence[tuple[Path, Path, int]], out_dir: str | Path
 
 
 def write_bytes_atomically(path: Path, data: bytes) -> None:
-    """Write to a temporary file beside `path`, then rename it over `path`."""
-    partial = path.with_name(f".{path.name}.partial")
-    partial.write_bytes(data)
-    os.replace(partial, path)
+    """Write to a new temporary file beside `path`, then rename it over `path`. The file is
+    made with `O_EXCL` under a name of its own: a file or link planted in a request folder (a
+    `.partial` pointing elsewhere) is never written through."""
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
+    try:
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
+        os.replace(name, path)
+    except BaseException:
+        Path(name).unlink(missing_ok=True)
+        raise
 
 
 def _load_json(path: Path, text: bytes, where: str = "") -> Any:
