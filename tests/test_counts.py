@@ -35,7 +35,7 @@ def _track_message(body: Any) -> str | None:
     return fatal["message"][0] if fatal.height else None
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(_bodies(counts.TRACK_ARRAYS, counts.TRACK_MOST))
 def test_the_track_count_answers_what_the_pass_answers(body: Any) -> None:
     early, late = counts.track_too_many(body), _track_message(body)
@@ -44,7 +44,7 @@ def test_the_track_count_answers_what_the_pass_answers(body: Any) -> None:
         assert early == late, "the pass counted what the router let through"
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=50, deadline=None)
 @given(_bodies(("merge_updates",), 50))
 def test_the_merge_count_answers_what_the_pass_answers(body: Any) -> None:
     early, late = counts.merge_too_many(body), parse_merges([(0, orjson.dumps(body).decode())])[0].get(0)
@@ -53,7 +53,7 @@ def test_the_merge_count_answers_what_the_pass_answers(body: Any) -> None:
         assert early == late
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=50, deadline=None)
 @given(_bodies(("aliases_to_identify", "emails_to_identify", "phone_numbers_to_identify"), 50))
 def test_the_identify_count_answers_what_the_pass_answers(body: Any) -> None:
     early, late = counts.identify_too_many(body), parse_identifies([(0, orjson.dumps(body).decode())])[0].get(0)

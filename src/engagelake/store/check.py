@@ -337,8 +337,8 @@ def _check_files(report: Report, table: str, name: str, version: int) -> bool:
             report.problems.append(Problem(path, f"holds {held} rows, the log says {rows}; restore it "
                                            "from a backup"))
             ok = False
-        elif report.deep and (error := _undecodable(path)) is not None:
-            report.problems.append(Problem(path, f"holds a data page that cannot be read ({_first_line(error)}); "
+        elif report.deep and (undecoded := _undecodable(path)) is not None:
+            report.problems.append(Problem(path, f"holds a data page that cannot be read ({_first_line(undecoded)}); "
                                            "restore it from a backup"))
             ok = False
     report.checked[name] = actions.num_rows
