@@ -12,7 +12,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -20,6 +20,7 @@ from typing import Any
 import orjson
 
 from engagelake import Response, Workspace
+from engagelake.link_keys import LINK_KEYS_ENV, LinkKey, Ring
 from engagelake.rules.messages import EXPORT_FIELDS
 
 NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
@@ -27,6 +28,27 @@ SEED = "t"
 TRACK = "/users/track"
 EXPORT = "/users/export/ids"
 ALL_FIELDS = list(EXPORT_FIELDS)
+
+
+# a link key known in advance, for tests that write the tokens they expect (`fixed_link_keys`)
+TEST_LINK_KEY = LinkKey("test0001", hashlib.sha256(b"engagelake test link key").digest(), NOW)
+
+
+def fixed_link_keys(folder: Path) -> Iterator[Path]:
+    """Every store opened meanwhile signs links with TEST_LINK_KEY: a key file holding it is
+    `$ENGAGELAKE_LINK_KEYS` (a generator, for a fixture of any scope)."""
+    path = folder / "link-keys.json"
+    path.write_bytes(Ring((TEST_LINK_KEY,)).to_json())
+    path.chmod(0o600)
+    before = os.environ.get(LINK_KEYS_ENV)
+    os.environ[LINK_KEYS_ENV] = str(path)
+    try:
+        yield path
+    finally:
+        if before is None:
+            os.environ.pop(LINK_KEYS_ENV, None)
+        else:
+            os.environ[LINK_KEYS_ENV] = before
 
 
 class Clock:

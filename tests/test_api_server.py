@@ -24,6 +24,7 @@ from tests.helpers import NOW, open_ws
 from engagelake import Workspace
 from engagelake.api import create_app
 from engagelake.api.limits import DEFAULT_LIMITS, LIMITED, PER_ADDRESS, PER_LINK, Limit
+from engagelake.link_keys import LINK_KEYS_ENV
 from engagelake.permissions import ENDPOINT_PERMISSIONS, KEY_PERMISSIONS, SCIM, SIGNED_LINK
 from engagelake.resources.scim import ERROR_SCHEMA
 from engagelake.routes import ROUTE_TABLE
@@ -118,7 +119,9 @@ SCRIPT: list[tuple[str, str, Any, dict[str, str] | None]] = [
 ]
 
 
-def test_every_endpoint_answers_over_http_as_workspace_call(tmp_path: Path) -> None:
+def test_every_endpoint_answers_over_http_as_workspace_call(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # one key file for both stores: their links and pages' submit URLs are signed alike
+    monkeypatch.setenv(LINK_KEYS_ENV, str(tmp_path / "link-keys.json"))
     served_ws, twin = open_ws(tmp_path, "served"), open_ws(tmp_path, "twin")
     key = served_ws.credentials.create_key("all", ["all"])
     token = served_ws.credentials.create_scim_token(ORIGIN)

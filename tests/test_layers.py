@@ -47,7 +47,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("resources",),  # SCIM, preference centers, catalogs, campaigns: the handlers
     ("routing",),  # the router and the handler contract (Client, Context, Request, Response)
     ("rules", "store"),  # pure frame-in/frame-out rules; the Delta store: they meet in tables
-    ("tables", "requests", "files", "permissions", "cpus", "connections", "errors", "version"),  # the shared vocabulary, leaves
+    ("tables", "requests", "files", "permissions", "cpus", "connections", "errors", "version",
+     "link_keys"),  # the shared vocabulary, leaves (link_keys: the key ring that signs recipients' links)
 ]
 # groups of one layer that never import each other
 INDEPENDENT: list[tuple[str, ...]] = [

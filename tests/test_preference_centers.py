@@ -5,15 +5,29 @@ from __future__ import annotations
 
 import base64
 import re
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import polars as pl
 import pytest
 from polars.testing import assert_frame_equal
-from tests.helpers import NOW, SEED, Clock, copy_of, group_states, open_ws, service_id, track_ok, ts
+from tests.helpers import (
+    NOW,
+    TEST_LINK_KEY,
+    Clock,
+    copy_of,
+    fixed_link_keys,
+    group_states,
+    open_ws,
+    service_id,
+    track_ok,
+    ts,
+)
 
 from engagelake import Workspace
+from engagelake.link_keys import LinkKey, millis
 from engagelake.resources import preference_centers as P
 from engagelake.rules.state import Changes
 
@@ -73,8 +87,14 @@ def b64(data: bytes) -> str:
     return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
 
 
-def expected_url(center_id: str, sid: str, clock_reading=NOW, seed: str = SEED) -> str:
-    token = P.sign_token(seed, center_id, sid, clock_reading + P.TOKEN_LIFETIME)
+@pytest.fixture(scope="module", autouse=True)
+def link_keys(tmp_path_factory) -> Iterator[Path]:
+    """Every store of this module signs with TEST_LINK_KEY: the tests write the URLs they expect."""
+    yield from fixed_link_keys(tmp_path_factory.mktemp("link-keys"))
+
+
+def expected_url(center_id: str, sid: str, clock_reading=NOW) -> str:
+    token = P.sign_token(TEST_LINK_KEY, center_id, sid, clock_reading, clock_reading + P.TOKEN_LIFETIME)
     return with_token(center_id, token)
 
 
@@ -272,7 +292,8 @@ def test_update_rejects(shared, body, message):
     ("PUT", f"{BASE}/nope", {"state": "draft"}),
     ("GET", f"{BASE}/nope/page?external_id=u1", None),
     # a token signed for the unknown center (a bad token is refused first: 403, test_forged_tokens_change_nothing)
-    ("POST", f"{BASE}/nope/submit?token={P.sign_token(SEED, 'nope', service_id(0), NOW + P.TOKEN_LIFETIME)}", {}),
+    ("POST", f"{BASE}/nope/submit?token={P.sign_token(TEST_LINK_KEY, 'nope', service_id(0), NOW, NOW + P.TOKEN_LIFETIME)}",
+     {}),
 ])
 def test_unknown_center_is_404(shared, method, path, body):
     r = shared.call(method, path, body)
@@ -432,13 +453,18 @@ def test_empty_submit_changes_nothing_and_confirms(users):
 def forged_tokens(center_id: str) -> list[str]:
     good = token_of(expected_url(center_id, service_id(0)))
     payload, signature = good.split(".")
-    other_user = b64(f"{center_id}|{service_id(2)}|{int((NOW + P.TOKEN_LIFETIME).timestamp())}".encode())
-    later = b64(f"{center_id}|{service_id(0)}|{int((NOW + P.TOKEN_LIFETIME * 10).timestamp())}".encode())
+    key, issued, expires = TEST_LINK_KEY.id, millis(NOW), int((NOW + P.TOKEN_LIFETIME).timestamp())
+    other_user = b64(f"{key}|{center_id}|{service_id(2)}|{issued}|{expires}".encode())
+    later = b64(f"{key}|{center_id}|{service_id(0)}|{issued}|{expires * 10}".encode())
+    another_secret = LinkKey(TEST_LINK_KEY.id, bytes(32), NOW)
+    unknown_key = LinkKey("nokey000", TEST_LINK_KEY.secret, NOW)
     return [
         "", "abc", "a.b.c", "!!!.???", payload + "." + signature[:-2] + "AA",
         other_user + "." + signature,  # replay the signature for another user
         later + "." + signature,  # stretch the expiry
-        P.sign_token("another seed", center_id, service_id(0), NOW + P.TOKEN_LIFETIME),
+        P.sign_token(another_secret, center_id, service_id(0), NOW, NOW + P.TOKEN_LIFETIME),
+        P.sign_token(unknown_key, center_id, service_id(0), NOW, NOW + P.TOKEN_LIFETIME),
+        b64(b"\xff|a|b|1|2") + "." + signature,  # not text
     ]
 
 

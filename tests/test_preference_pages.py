@@ -68,12 +68,14 @@ def test_a_link_is_signed_absolute_and_expires_when_asked(tmp_path) -> None:
     ws = open_ws(tmp_path)
     center = seeded(ws)
     link = ws.preference_centers.link("main", "u1", base_url=BASE_URL + "/")
-    expected = P.sign_token("t", center, token_sid(ws, "u1"), NOW + timedelta(days=30))
+    key = ws.link_keys.ring().signing  # the store's first key, made for this link
+    assert key is not None
+    expected = P.sign_token(key, center, token_sid(ws, "u1"), NOW, NOW + timedelta(days=30))
     assert link == f"{BASE_URL}/preferences/{center}?token={expected}"
     # by ID as by name; a shorter life; another user gets another token
     assert ws.preference_centers.link(center, "u1", base_url=BASE_URL) == link
     short = ws.preference_centers.link("main", "u1", base_url=BASE_URL, expires_in=timedelta(hours=1))
-    assert short.endswith(P.sign_token("t", center, token_sid(ws, "u1"), NOW + timedelta(hours=1)))
+    assert short.endswith(P.sign_token(key, center, token_sid(ws, "u1"), NOW, NOW + timedelta(hours=1)))
     assert ws.preference_centers.link("main", "u2", base_url=BASE_URL) != link
 
 
@@ -219,7 +221,7 @@ def test_expired_forged_draft_deleted_and_unknown_get_readable_pages(tmp_path) -
         # the token names its center: another center's path is a bad link (checked first)
         elsewhere = client.get(f"/preferences/nope?token={token}")
         assert elsewhere.status_code == 403 and P.ERR_TOKEN_CENTER in elsewhere.text
-        signed = P.sign_token("t", "nope", token_sid(ws, "u1"), NOW + timedelta(days=1))
+        signed = P.sign_token(ws.link_keys.signing_key(NOW), "nope", token_sid(ws, "u1"), NOW, NOW + timedelta(days=1))
         unknown = client.get(f"/preferences/nope?token={signed}")
         assert unknown.status_code == 404 and error_title(unknown) == unavailable
         # a field the page does not have: 400, a page, nothing changed
@@ -298,7 +300,7 @@ def test_a_link_opened_too_often_gets_a_page_saying_to_wait_and_other_links_stil
         assert client.get(other).status_code == 200  # another recipient's link counts apart
         # the JSON submit route of a rendered page counts per link too
         sid = ws.table("external_ids").collect().filter(external_id="u2")["service_id"].item()
-        token = P.sign_token(ws.store.head.seed, center, sid, NOW + timedelta(days=1))
+        token = P.sign_token(ws.link_keys.signing_key(NOW), center, sid, NOW, NOW + timedelta(days=1))
         submit = f"{P.BASE}/{center}/submit"
         answers = [client.post(submit, params={"token": token}, json={}).status_code for _ in range(3)]
         assert answers == [200, 200, 429], answers
@@ -363,5 +365,6 @@ def test_the_cli_creates_a_default_center_and_prints_a_link(tmp_path) -> None:
     url = made.stdout.strip().splitlines()[-1]
     assert url.startswith(f"{BASE_URL}/preferences/{center}?token=")
     now = datetime.now(UTC)  # the CLI's store reads the real clock
-    sid, expires = P.read_token("t", parse_qs(urlsplit(url).query)["token"][0], center, now)
+    # the CLI's workspace made the store's key; this one, of the same store, checks its link
+    sid, expires = P.read_token(ws.link_keys.ring(), parse_qs(urlsplit(url).query)["token"][0], center, now)
     assert sid == token_sid(ws, "u1") and abs(expires - (now + timedelta(days=2))) < timedelta(minutes=1)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 from concurrent.futures import Future
+from datetime import timedelta
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -66,7 +67,7 @@ def test_a_forged_token_on_the_submit_route_is_refused_before_it_is_queued(tmp_p
         assert client.writer.batches == before  # type: ignore[attr-defined]
     # the route itself checks the token first too, so `call` answers the same
     assert ws.call("POST", f"{P.BASE}/nope/submit", {}, {"token": "forged"}) == Response(403, {"message": P.ERR_TOKEN})
-    signed = P.sign_token(ws.store.head.seed, "nope", "sid", NOW.replace(year=2027))
+    signed = P.sign_token(ws.link_keys.signing_key(NOW), "nope", "sid", NOW, NOW + timedelta(days=1))
     assert ws.call("POST", f"{P.BASE}/nope/submit", {}, {"token": signed}).status == 404
 
 

@@ -23,6 +23,7 @@ from typing import Any
 import orjson
 import polars as pl
 
+from engagelake.link_keys import LinkKeys
 from engagelake.routing import Response, Routed
 from engagelake.rules.export import export_ids
 from engagelake.rules.identity.endpoints import apply_identity
@@ -167,7 +168,7 @@ class Batch:
     """One `apply`: the evolving state, the changes to commit, the responses so far. Runs of
     consecutive track requests (and of same-kind identity requests) are applied as one pass."""
 
-    def __init__(self, state: State, *, clock: datetime, seed: str, batch_id: str,
+    def __init__(self, state: State, *, clock: datetime, seed: str, batch_id: str, link_keys: LinkKeys,
                  before_big: Callable[[], None] = lambda: None, max_updates: int | None = None,
                  release_cpu: Callable[[], None] = lambda: None):
         self._state = state
@@ -179,6 +180,7 @@ class Batch:
         self.max_updates = max_updates  # track requests: attributes + events + purchases at most
         self.clock = clock
         self.seed = seed
+        self.link_keys = link_keys  # what signs and checks recipients' links (`link_keys.py`)
         self.batch_id = batch_id  # names the batch in lineage rows
         self.changes = Changes()
         self.responses: list[Response | None] = []  # one per request, as they come

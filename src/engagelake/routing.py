@@ -20,7 +20,7 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from datetime import date, datetime, time
 from decimal import Decimal
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import parse_qsl
 
 import orjson
@@ -29,6 +29,9 @@ import polars as pl
 from engagelake.rules import messages as M
 from engagelake.rules.counts import TOO_MANY
 from engagelake.rules.state import Changes, State
+
+if TYPE_CHECKING:
+    from engagelake.link_keys import LinkKeys
 
 
 @dataclass(frozen=True)
@@ -60,7 +63,10 @@ class Context(Protocol):
     def clock(self) -> datetime: ...  # the batch's clock reading
 
     @property
-    def seed(self) -> str: ...  # the store's secret seed (service_ids, signed tokens)
+    def seed(self) -> str: ...  # the store's seed (service_ids, IDs); in every ledger row: no secret
+
+    @property
+    def link_keys(self) -> LinkKeys: ...  # the keys that sign recipients' links (`link_keys.py`)
 
     def write(self, changes: Changes) -> None: ...  # apply now, commit with the batch
 

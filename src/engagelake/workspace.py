@@ -42,6 +42,7 @@ from engagelake.errors import (
     StoreError,
     StoreExists,
 )
+from engagelake.link_keys import LinkKeys
 from engagelake.resources.campaigns import Campaigns
 from engagelake.resources.catalogs import Catalogs
 from engagelake.resources.credentials import Credentials
@@ -185,7 +186,7 @@ class Workspace:
     def __init__(self, store: DeltaStore, clock: Clock, *, fields_required: bool,
                  memory_limit: str | None = None, retry_for: float = RETRY_FOR_S,
                  monthly_active_user_plan: bool = False, response_retention: timedelta = RESPONSE_RETENTION,
-                 layer: dict[str, Any] | None = None):
+                 layer: dict[str, Any] | None = None, link_keys: str | Path | None = None):
         self.store = store
         self._turn = threading.RLock()  # a batch or a change of layers at a time (flushes are threads)
         # batches answered once logged, kept until a flush writes them (`store/layer.py`);
@@ -194,6 +195,8 @@ class Workspace:
         store.response_retention = response_retention  # compaction drops stored responses older than this
         self.retry_for = retry_for  # how long a batch waits out other writers
         self.clock = clock
+        # the keys that sign recipients' links, kept apart from the tables (`link_keys.py`)
+        self.link_keys = LinkKeys.of_store(store.uri, link_keys, clock=clock)
         self.fields_required = fields_required
         self.monthly_active_user_plan = monthly_active_user_plan
         self.memory_limit = memory_limit or os.environ.get(MEMORY_ENV) or None
@@ -208,7 +211,8 @@ class Workspace:
              response_retention: timedelta = RESPONSE_RETENTION,
              storage_options: Mapping[str, str] | None = None, layer: bool | None = None,
              flush_seconds: float = FLUSH_SECONDS, flush_rows: int = FLUSH_ROWS,
-             flush_bytes: int = FLUSH_BYTES) -> Workspace:
+             flush_bytes: int = FLUSH_BYTES, link_keys: str | Path | None = None,
+             mode: int | str | None = None) -> Workspace:
         """Open the store at `uri`. Where there is none yet, a path that does not exist or an
         empty folder, a new store is created there; `create=False` raises NotAStore instead.
         A folder that holds anything else is never made a store: a file or a folder of other
@@ -231,16 +235,23 @@ class Workspace:
         in-memory layer over a local store: a batch is answered once its write-ahead log record
         is synced, and a flush writes the layer's batches to the tables as one commit once the
         oldest is `flush_seconds` old, the layer holds `flush_rows` rows or `flush_bytes` bytes,
-        at `flush()` and at `close()` (`docs/operations.md`: what other processes see)."""
+        at `flush()` and at `close()` (`docs/operations.md`: what other processes see).
+        `link_keys` (default `$ENGAGELAKE_LINK_KEYS`, else the store's own
+        `_secrets/link-keys.json`; required on object storage to make or check a link) is the
+        key file that signs recipients' links (`docs/security.md`). A new local store's folder
+        is made with `mode` (default `$ENGAGELAKE_STORE_MODE`, else 0700: the owner only);
+        an existing store's is left as it is."""
         if storage_options is not None:
             objects.configure(str(uri), storage_options)
-        store = DeltaStore(uri, seed=seed, create=create)
+        if link_keys is not None:  # a bad setting fails before a store is made
+            LinkKeys.of_store(str(uri), link_keys)
+        store = DeltaStore(uri, seed=seed, create=create, mode=mode)
         if layer is None:
             layer = os.environ.get(LAYER_ENV, "").strip().lower() in ("1", "on", "true", "yes")
         kept = {"seconds": flush_seconds, "rows": flush_rows, "size": flush_bytes} if layer else None
         return cls(store, clock or _now, fields_required=fields_required,
                    memory_limit=memory_limit, retry_for=retry_for, monthly_active_user_plan=monthly_active_user_plan,
-                   response_retention=response_retention, layer=kept)
+                   response_retention=response_retention, layer=kept, link_keys=link_keys)
 
     @classmethod
     def open_kept(cls, uri: str | Path, *, clock: Clock | None = None, seed: str | None = None) -> Workspace:
@@ -269,16 +280,20 @@ class Workspace:
                fields_required: bool = True, memory_limit: str | None = None,
                retry_for: float = RETRY_FOR_S, monthly_active_user_plan: bool = False,
                response_retention: timedelta = RESPONSE_RETENTION,
-               storage_options: Mapping[str, str] | None = None) -> Workspace:
-        """Create a new store at `uri` (a path that does not exist, or an empty folder) and open
-        it; raises StoreExists where a store is, NotAStore where other files are."""
+               storage_options: Mapping[str, str] | None = None, link_keys: str | Path | None = None,
+               mode: int | str | None = None) -> Workspace:
+        """Create a new store at `uri` (a path that does not exist, or an empty folder, in a
+        folder that exists) and open it; raises StoreExists where a store is, NotAStore where
+        other files are. Its folder gets `mode` (default `$ENGAGELAKE_STORE_MODE`, else 0700);
+        `link_keys` as for `open`."""
         if storage_options is not None:
             objects.configure(str(uri), storage_options)
         if store_state(uri) == "store":
             raise StoreExists(f"a store exists at {uri} already: open it with Workspace.open")
         return cls.open(uri, clock=clock, seed=seed, fields_required=fields_required, memory_limit=memory_limit,
                         retry_for=retry_for, monthly_active_user_plan=monthly_active_user_plan,
-                        response_retention=response_retention, storage_options=storage_options)
+                        response_retention=response_retention, storage_options=storage_options,
+                        link_keys=link_keys, mode=mode)
 
     @staticmethod
     def check(uri: str | Path, *, deep: bool = False) -> Report:
@@ -480,7 +495,7 @@ class Workspace:
         read_at = head.content_batch  # what the batch reads: the commit checks it still holds
         if idempotency_key is not None:  # its responses are stored: note whom they concern
             state = dataclasses.replace(state, subjects=[])
-        batch = Batch(state, clock=self.clock(), seed=head.seed,
+        batch = Batch(state, clock=self.clock(), seed=head.seed, link_keys=self.link_keys,
                       batch_id=idempotency_key or uuid.uuid4().hex,
                       before_big=self._before_big if layered else self.store.wait_for_merges,
                       max_updates=MAU_UPDATES_PER_REQUEST if self.monthly_active_user_plan else None,

@@ -30,10 +30,10 @@ from engagelake.permissions import ENDPOINT_PERMISSIONS, SCIM, SIGNED_LINK
 from engagelake.requests.bodies import REQUEST_BODIES
 from engagelake.requests.models import ExportResponse, TrackResponse
 from engagelake.resources.credentials import KeyRing
-from engagelake.resources.preference_centers import link_key, refuse_link
+from engagelake.resources.preference_centers import PREVIEW, link_key, refuse_link
 from engagelake.resources.scim import ERROR_SCHEMA
 from engagelake.routes import ROUTE_TABLE, ROUTER, route_of
-from engagelake.routing import Response
+from engagelake.routing import Response, split_path
 from engagelake.workspace import Workspace
 
 MAX_BODY_BYTES = 10 * 1024 * 1024
@@ -52,6 +52,10 @@ HTML_ROUTES = frozenset({
     ("GET", "/preference_center/v1/{preferenceCenterExternalID}/page"),
     ("POST", "/preference_center/v1/{preferenceCenterExternalID}/submit"),
     ("GET", "/preferences/{preferenceCenterExternalID}"), ("POST", "/preferences/{preferenceCenterExternalID}")})
+# the staff page renders a signed 7-day submit URL: only for a key that may make links (issue
+# 56); for a key with `preference_center.get` alone, a preview whose form posts nowhere
+STAFF_PAGE = ("GET", "/preference_center/v1/{preferenceCenterExternalID}/page")
+LINK_PERMISSION = "preference_center.link"
 SUCCESS_STATUS: dict[tuple[str, str], int] = {  # for the document (docs/semantics.md: success statuses)
     ("POST", "/users/track"): 201, ("POST", "/users/merge"): 202, ("POST", "/catalogs"): 201,
     ("PUT", "/catalogs/{catalog_name}/items"): 202, ("DELETE", "/catalogs/{catalog_name}/items"): 202,
@@ -115,9 +119,11 @@ def _scim_refused(detail: str, headers: dict[str, str] | None = None) -> HttpRes
 
 
 def _link_center(path: str) -> str:
-    """The center a signed link's path names: `/preferences/{id}` or `.../{id}/submit`."""
-    parts = path.rstrip("/").split("/")
-    return parts[-2] if path.rstrip("/").endswith("/submit") else parts[-1]
+    """The center a signed link's path names: `/preferences/{id}` or `.../{id}/submit`, the
+    path read as the router reads it (`split_path`: `//preferences/{id}/` names the same)."""
+    path, _ = split_path(path)
+    parts = path.split("/")
+    return parts[-2] if path.endswith("/submit") else parts[-1]
 
 
 async def _read_body(request: Request, limit: int) -> bytes | None:
@@ -188,11 +194,12 @@ def create_app(workspace: Workspace, *, rate_limits: dict[str, Limit] | None = D
         read megabytes. A refusal for a missing or bad credential counts against the client
         address's limit (`anonymous`), and past it is a 429."""
         if permission == SIGNED_LINK:  # a bad link is refused here, never queued
-            refused = refuse_link(workspace.store.head.seed, _link_center(request.url.path),
+            refused = refuse_link(workspace.link_keys, _link_center(request.url.path),
                                   request.query_params.get("token"), workspace.clock())
             if refused is None:
                 return None
-            over, headers = anonymous(request)
+            # no link keys to check it with (500) is the server's fault, not the caller's
+            over, headers = anonymous(request) if refused[0] < 500 else (None, {})
             if over is not None:
                 return over
             if pages.is_page(request.url.path):
@@ -238,6 +245,14 @@ def create_app(workspace: Workspace, *, rate_limits: dict[str, Limit] | None = D
             return pages.error(answered.status_code, message)
         return await dispatch_api(request)
 
+    async def holds(request: Request, permission: str) -> bool:
+        """Whether the API key of a request (authorized for its endpoint) also has `permission`."""
+        if (ring := credentials.fresh()) is None:
+            ring = await asyncio.to_thread(credentials.ring)
+        match = BEARER.match(request.headers.get("authorization", ""))
+        key = ring.api_key(match.group(1)) if match is not None else None
+        return key is not None and key.allows(permission)
+
     async def dispatch_api(request: Request) -> HttpResponse:
         method, path = request.method, request.url.path
         pattern, error = route_of(method, path)
@@ -261,7 +276,7 @@ def create_app(workspace: Workspace, *, rate_limits: dict[str, Limit] | None = D
         headers: dict[str, str] = {}
         limit, who = LIMITED.get((method, pattern)), ""
         if permission == SIGNED_LINK:  # counted per link, once it verifies (a bad one the route refuses)
-            key = link_key(workspace.store.head.seed, _link_center(path), request.query_params.get("token"),
+            key = link_key(workspace.link_keys, _link_center(path), request.query_params.get("token"),
                            workspace.clock())
             limit, who = (PER_LINK, key) if key is not None else (None, "")
         if limiter is not None and limit is not None:
@@ -273,8 +288,11 @@ def create_app(workspace: Workspace, *, rate_limits: dict[str, Limit] | None = D
                                               f"({headers['X-RateLimit-Limit']} requests per "
                                               f"{limiter.limits[limit].seconds} s); retry after "
                                               f"X-RateLimit-Reset"}, headers)
+        query = dict(request.query_params)
+        if (method, pattern) == STAFF_PAGE and not await holds(request, LINK_PERMISSION):
+            query[PREVIEW] = "true"  # its form would be a link: a preview, posting nowhere
         queued = {"method": method, "path": path, "body": body or None,  # no body: as `call` without one
-                  "query": dict(request.query_params)}
+                  "query": query}
         # a body that cannot be parsed never joins a batch: its 400, as `call` answers it. The
         # writer still takes the bytes and parses them again (about 30 us a track request): the
         # parsed data of the requests waiting made the writer's garbage collections longer, 7%

@@ -16,16 +16,29 @@ import orjson
 from fastapi.responses import HTMLResponse
 
 from engagelake.resources.preference_centers import RECIPIENT_BASE
-from engagelake.routing import Response
+from engagelake.routing import Response, split_path
 
 FORM = "application/x-www-form-urlencoded"
+# What a recipient's page may load and do (issue 56): nothing by default (no script runs: the
+# link's token is in the page's URL, which a script could send anywhere); styles inline or over
+# https, images and fonts from the server, over https or inline (`data:`); its form posts to the
+# server only; no `<base>` may move its relative form address; no other site may frame it.
+CONTENT_SECURITY_POLICY = "; ".join((
+    "default-src 'none'",
+    "style-src 'self' 'unsafe-inline' https:",
+    "img-src 'self' https: data:",
+    "font-src 'self' https: data:",
+    "form-action 'self'",
+    "base-uri 'none'",
+    "frame-ancestors 'none'",
+))
 # on every answer of these routes: the link's token is in the URL (no Referer carries it on),
-# a page is one recipient's (no cache keeps it), and no other site may frame it
+# a page is one recipient's (no cache keeps it), and what it may load is bounded (above)
 HEADERS = {
     "Referrer-Policy": "no-referrer",
     "Cache-Control": "no-store",
     "X-Content-Type-Options": "nosniff",
-    "Content-Security-Policy": "frame-ancestors 'none'",
+    "Content-Security-Policy": CONTENT_SECURITY_POLICY,
 }
 # what a person reads for each status: a title, then what to do
 ADVICE: dict[int, tuple[str, str]] = {
@@ -49,8 +62,9 @@ FALLBACK = ("Something went wrong", "Nothing was changed. Please try again later
 
 
 def is_page(path: str) -> bool:
-    """Whether `path` is a recipient's page (`/preferences/<center>`)."""
-    return path.startswith(RECIPIENT_BASE + "/")
+    """Whether `path` is a recipient's page (`/preferences/<center>`), read as the router reads
+    it (`split_path`): `//preferences/<center>/` is one too, and answers as a page."""
+    return split_path(path)[0].startswith(RECIPIENT_BASE + "/")
 
 
 def form_body(body: bytes, content_type: str) -> bytes:

@@ -1,11 +1,11 @@
 """The `engagelake` command line: `demo`, `apply`, `export`, `sql`, `lineage`, `compact`,
 `cleanup-push-profiles`, `publish`, `check`, `repair`, `forget-check`, `serve`, `keys`,
-`scim-tokens`, `preference-centers`.
+`scim-tokens`, `preference-centers`, `link-keys`.
 
 This module builds the Typer app and registers every command and group; the commands live by
 kind in `ingest` (demo, apply), `read` (export, sql, lineage), `maintain` (compact,
 cleanup-push-profiles, publish, check, repair, forget-check), `serve`, `credentials` (keys,
-scim-tokens) and `preference_centers`; `render` shows results, `common` holds the --store
+scim-tokens), `preference_centers` and `link_keys`; `render` shows results, `common` holds the --store
 option, the consoles and the error exit. Command modules never import this one.
 
 Every command is a thin edge over `Workspace` (or, for `demo`, the `track_batch` flow, which
@@ -20,7 +20,7 @@ from typing import Annotated
 
 import typer
 
-from engagelake.cli import credentials, ingest, maintain, preference_centers, read, serve
+from engagelake.cli import credentials, ingest, link_keys, maintain, preference_centers, read, serve
 
 __all__ = ["app"]
 
@@ -97,3 +97,11 @@ preference_centers_app = _group(
 preference_centers_app.command("create-default")(preference_centers.create_default)
 preference_centers_app.command("link")(preference_centers.link)
 app.add_typer(preference_centers_app, name="preference-centers")
+
+link_keys_app = _group(link_keys.HELP)
+link_keys_app.command("rotate")(link_keys.rotate)
+link_keys_app.command("retire")(link_keys.retire)
+link_keys_app.command("revoke")(link_keys.revoke)
+link_keys_app.command("max-lifetime")(link_keys.max_lifetime)
+link_keys_app.command("list")(link_keys.list_keys)
+app.add_typer(link_keys_app, name="link-keys")

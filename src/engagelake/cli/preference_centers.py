@@ -41,14 +41,18 @@ def create_default(
 def link(
     center: Annotated[str, typer.Option(help="The center's ID or name.")],
     external_id: Annotated[str, typer.Option(help="The user's external ID.")],
-    expires_in_days: Annotated[float, typer.Option(min=0.001, help="How long the link works.")] = 30,
+    expires_in_days: Annotated[
+        float | None, typer.Option(min=0.001, show_default=False,
+                                   help="How long the link works, in days (default 30, or the store's longest link "
+                                        "life when shorter: engagelake link-keys max-lifetime).")
+    ] = None,
     base_url: Annotated[str | None, typer.Option(help="The server's public URL (default: the one recorded by "
                                                       "serve --public-url).")] = None,
     store: Store = DEFAULT_STORE,
 ) -> None:
     """Print a user's signed link to a center's page, alone, on the last line.
 
-    The link is the recipient's only credential: it opens the page and saves the form until it expires.
+    The link is the recipient's only credential: it opens the page and saves the form until it expires. It is signed with the store's link keys (engagelake link-keys list): set $ENGAGELAKE_LINK_KEYS to the server's key file when the store is on object storage.
 
     Example:
       engagelake preference-centers link --center main --external-id u1
@@ -57,5 +61,6 @@ def link(
 
     with input_errors():
         url = open_existing(store).preference_centers.link(
-            center, external_id, expires_in=timedelta(days=expires_in_days), base_url=base_url)
+            center, external_id, expires_in=None if expires_in_days is None else timedelta(days=expires_in_days),
+            base_url=base_url)
     typer.echo(url)

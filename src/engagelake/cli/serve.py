@@ -41,6 +41,11 @@ def serve(
         float, typer.Option(min=0.01, help="With the layer: how old its oldest batch gets before a flush writes "
                                            "it to the tables, where other processes see it.")
     ] = 1.0,
+    link_keys: Annotated[
+        str | None, typer.Option(envvar="ENGAGELAKE_LINK_KEYS", show_default=False,
+                                 help="The key file that signs and checks preference links (default: the store's "
+                                      "_secrets/link-keys.json; required for a store on object storage).")
+    ] = None,
 ) -> None:
     """Serve the API over HTTP: every endpoint, with keys, SCIM tokens, rate limits.
 
@@ -69,7 +74,13 @@ def serve(
         from engagelake.api import create_app
 
         _log_to_stderr("engagelake")  # the writer's reports (INFO), beside uvicorn's own lines
-        workspace = Workspace.open(store, layer=layer, flush_seconds=flush_seconds)
+        workspace = Workspace.open(store, layer=layer, flush_seconds=flush_seconds, link_keys=link_keys)
+        if workspace.link_keys.path is None:
+            import logging
+
+            logging.getLogger("engagelake").warning(
+                "no link keys for this store on object storage: preference links can be neither made nor "
+                "checked (each answers 500); pass --link-keys PATH or set ENGAGELAKE_LINK_KEYS")
         if public_url is not None:
             workspace.preference_centers.set_public_url(public_url)
         app = create_app(workspace, rate_limits=limits if rate_limits == "on" else None,

@@ -3,21 +3,20 @@
 Pages are Liquid templates (python-liquid 2, autoescaping on) with the specification's tags.
 The `${...}` forms of those tags are rewritten into plain Liquid inside markup only; the user's
 values reach the page as template variables, so they are always HTML-escaped.
-The submit URL carries a signed, expiring token (HMAC-SHA256, key derived from the store's
-seed) that names the center and the user, so one user cannot change another's preferences.
+The submit URL carries a signed, expiring token (HMAC-SHA256 with a key of the store's link
+key ring, kept outside the store's data: `link_keys.py`) that names the key, the center, the
+user, when it was issued and when it expires, so one user cannot change another's preferences.
 A valid submit runs a `/users/track` request, so the track rules (same-email propagation
 included) apply to it.
 """
 
 from __future__ import annotations
 
-import base64
 import hashlib
-import hmac
 import re
 import uuid
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from html import escape as html_escape
 from pathlib import Path
 from types import ModuleType
@@ -27,7 +26,8 @@ from urllib.parse import urlencode, urlsplit
 import orjson
 import polars as pl
 
-from engagelake.errors import RequestError
+from engagelake.errors import ConfigError, RequestError
+from engagelake.link_keys import LinkKeys, Ring
 
 # the pages' messages, re-exported (`X as X`): every message of the API is a name of this module
 from engagelake.resources.preference_terms import ERR_FORM_TAG as ERR_FORM_TAG
@@ -40,6 +40,17 @@ from engagelake.resources.preference_terms import (
     LINK_KEYS,
     _Refused,
 )
+from engagelake.resources.preference_tokens import ERR_TOKEN as ERR_TOKEN
+from engagelake.resources.preference_tokens import ERR_TOKEN_CENTER as ERR_TOKEN_CENTER
+from engagelake.resources.preference_tokens import ERR_TOKEN_EXPIRED as ERR_TOKEN_EXPIRED
+from engagelake.resources.preference_tokens import ERR_TOKEN_LIFETIME as ERR_TOKEN_LIFETIME
+from engagelake.resources.preference_tokens import ERR_TOKEN_REVOKED as ERR_TOKEN_REVOKED
+from engagelake.resources.preference_tokens import TOKEN_DOMAIN as TOKEN_DOMAIN
+from engagelake.resources.preference_tokens import b64 as b64
+from engagelake.resources.preference_tokens import format_time as format_time
+from engagelake.resources.preference_tokens import read_token as read_token
+from engagelake.resources.preference_tokens import sign_token as sign_token
+from engagelake.resources.preference_tokens import unb64 as unb64
 from engagelake.routing import Client, Context, Handler, Request, Response
 from engagelake.rules.state import Changes
 
@@ -79,9 +90,6 @@ ERR_NAME_TAKEN = "name '{name}' is already used by preference center {center_id}
 ERR_NOT_FOUND = "no preference center with id '{center_id}'"  # 404
 ERR_USER_QUERY = "give exactly one of the query parameters external_id or service_id"
 ERR_USER_NOT_FOUND = "no user with {kind} '{value}'"  # 404
-ERR_TOKEN = "invalid token: use the submit URL of a freshly rendered page"  # 403
-ERR_TOKEN_CENTER = "token belongs to another preference center"  # 403
-ERR_TOKEN_EXPIRED = "token expired at {expires}: render the page again for a new submit URL"  # 403
 ERR_TOKEN_USER_GONE = "the user this token was issued for was deleted"  # 404
 ERR_DRAFT = "preference center {center_id} is a draft: set its state to active to accept submits"  # 409
 ERR_FORM_NOT_OBJECT = "form fields must be a JSON object of field name to value"
@@ -92,7 +100,9 @@ ERR_TRACK = "the submit could not be applied: {errors}"  # 400
 ERR_NOT_PUBLISHED = "preference center {center_id} is a draft: its page is not published"  # 404
 ERR_LINK_USER = ("give exactly one of the query parameters external_id, service_id, or alias_name "
                  "with alias_label")
-ERR_LINK_EXPIRES = "invalid expires_in: expected a whole number of seconds from 1 to 315360000 (10 years)"
+ERR_LINK_EXPIRES = "invalid expires_in: expected a whole number of seconds, at least 1"
+ERR_LINK_TOO_LONG = ("invalid expires_in: {seconds} seconds is longer than this store's longest link life, {most} "
+                     "seconds ({days:g} days); `engagelake link-keys max-lifetime` sets it")
 ERR_BASE_URL = ("invalid {field}: expected an absolute http or https URL such as https://prefs.example.com "
                 "(no query or fragment)")
 ERR_NO_BASE_URL = ("no base URL for the link: pass base_url, or record the store's public URL "
@@ -127,70 +137,49 @@ def pages() -> ModuleType:
     return module
 
 
-# --- tokens -----------------------------------------------------------------------------------
-def token_key(seed: str) -> bytes:
-    """The signing key of submit tokens, derived from the store's secret seed."""
-    return hmac.new(seed.encode(), b"engagelake preference center submit token", hashlib.sha256).digest()
-
-
-def b64(data: bytes) -> str:
-    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
-
-
-def unb64(text: str) -> bytes:
-    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
-
-
-def sign_token(seed: str, center_id: str, service_id: str, expires: datetime) -> str:
-    """`<payload>.<signature>`, both base64url; payload = center id, service_id, expiry (unix s)."""
-    payload = f"{center_id}|{service_id}|{int(expires.timestamp())}".encode()
-    return b64(payload) + "." + b64(hmac.new(token_key(seed), payload, hashlib.sha256).digest())
-
-
-def read_token(seed: str, token: Any, center_id: str, now: datetime) -> tuple[str, datetime]:
-    """(service_id, expiry) of a valid token for this center, or 403."""
-    if not isinstance(token, str) or token.count(".") != 1:
-        raise _Refused(403, ERR_TOKEN)
-    payload_text, signature_text = token.split(".")
+# --- tokens (signed and read in `preference_tokens.py`) -----------------------------------------
+def ring_of(keys: LinkKeys) -> Ring:
+    """The current ring, or a 500 saying what to set (a store on object storage without link
+    keys) or what is wrong with the key file."""
     try:
-        payload, signature = unb64(payload_text), unb64(signature_text)
-    except ValueError:  # binascii.Error: not base64
-        raise _Refused(403, ERR_TOKEN) from None
-    expected = hmac.new(token_key(seed), payload, hashlib.sha256).digest()
-    if not hmac.compare_digest(signature, expected):
-        raise _Refused(403, ERR_TOKEN)
-    token_center, service_id, expires_text = payload.decode().split("|")  # we signed this shape
-    if token_center != center_id:
-        raise _Refused(403, ERR_TOKEN_CENTER)
-    expires = datetime.fromtimestamp(int(expires_text), UTC)
-    if now >= expires:
-        raise _Refused(403, ERR_TOKEN_EXPIRED.format(expires=format_time(expires)))
-    return service_id, expires
+        return keys.ring()
+    except ConfigError as error:
+        raise _Refused(500, str(error)) from None
+
+
+def new_token(ctx: Context, center_id: str, service_id: str, expires: datetime) -> str:
+    """A token signed now (the batch's clock) with the ring's signing key (made when it has none)."""
+    try:
+        key = ctx.link_keys.signing_key(ctx.clock)
+    except ConfigError as error:
+        raise _Refused(500, str(error)) from None
+    return sign_token(key, center_id, service_id, ctx.clock, expires)
 
 
 def submit_url(ctx: Context, center_id: str, service_id: str) -> str:
-    token = sign_token(ctx.seed, center_id, service_id, ctx.clock + TOKEN_LIFETIME)
+    lifetime = min(TOKEN_LIFETIME, ring_of(ctx.link_keys).max_lifetime)
+    token = new_token(ctx, center_id, service_id, ctx.clock + lifetime)
     return f"{BASE}/{center_id}/submit?" + urlencode({"token": token})
 
 
-def refuse_link(seed: str, center_id: str, token: Any, now: datetime) -> tuple[int, str] | None:
-    """The refusal (403, message) of a recipient's link whose token is missing, forged, for
-    another center or expired, or None: what the page routes and the submit route check first,
-    so that the server can answer a bad link without queueing it (only the signing key is
-    needed)."""
+def refuse_link(keys: LinkKeys, center_id: str, token: Any, now: datetime) -> tuple[int, str] | None:
+    """The refusal (403, message) of a recipient's link whose token is missing, forged, revoked,
+    for another center or expired (500: no link keys to check it with), or None: what the page
+    routes and the submit route check first, so that the server can answer a bad link without
+    queueing it (only the key ring is needed)."""
     try:
-        read_token(seed, token, center_id, now)
+        read_token(ring_of(keys), token, center_id, now)
     except _Refused as refused:
         return refused.response.status, refused.response.body["message"]
     return None
 
 
-def link_key(seed: str, center_id: str, token: Any, now: datetime) -> str | None:
+def link_key(keys: LinkKeys, center_id: str, token: Any, now: datetime) -> str | None:
     """What a valid link names (center, user, expiry), the same however its token is written
     (base64 padding, say): the key the server counts a link's requests by; None for a link
     `refuse_link` refuses."""
     try:
-        service_id, expires = read_token(seed, token, center_id, now)
+        service_id, expires = read_token(ring_of(keys), token, center_id, now)
     except _Refused:
         return None
     return f"{center_id}|{service_id}|{int(expires.timestamp())}"
@@ -303,12 +292,6 @@ def check_form(fields: Any, declared: list[str]) -> tuple[str | None, list[dict[
 
 
 # --- reading the state ------------------------------------------------------------------------
-def format_time(moment: datetime) -> str:
-    """ISO 8601 UTC with milliseconds, as the export writes timestamps."""
-    moment = moment.astimezone(UTC)
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
-
-
 def find_center(ctx: Context, center_id: str) -> dict[str, Any]:
     centers = ctx.state["preference_centers"]
     rows = centers.filter(pl.col("center_id") == center_id).to_dicts()
@@ -493,19 +476,26 @@ def list_centers(ctx: Context, req: Request) -> Response:
     return Response(200, {"preference_centers": listed, "message": "success"})
 
 
+# `GET .../page?preview=true`: the page with a form that posts nowhere, no token in it; the
+# server asks for it when the key lacks `preference_center.link` (issue 56: a working form is a link)
+PREVIEW = "preview"
+PREVIEW_ACTION = "about:blank"
+
+
 @answering
 def render_page(ctx: Context, req: Request) -> Response:
     center = find_center(ctx, req.params["preferenceCenterExternalID"])
     profile = user_of_query(ctx, req.query)
-    return Response(200, render_for(ctx, center, center["page_html"], profile))
+    url = PREVIEW_ACTION if req.query.get(PREVIEW) in ("true", True) else None
+    return Response(200, render_for(ctx, center, center["page_html"], profile, url))
 
 
 @answering
 def submit_form(ctx: Context, req: Request) -> Response:
     """The form of a page rendered for staff (`.../page`): its token is checked first (403), as
     the server checks it before it queues the request (`refuse_link`), then the center (404)."""
-    token_sid, expires = read_token(ctx.seed, req.query.get("token"), req.params["preferenceCenterExternalID"],
-                                    ctx.clock)
+    token_sid, expires = read_token(ring_of(ctx.link_keys), req.query.get("token"),
+                                    req.params["preferenceCenterExternalID"], ctx.clock)
     center = find_center(ctx, req.params["preferenceCenterExternalID"])
     profile = surviving_profile(ctx, token_sid)
     if profile is None:
@@ -526,7 +516,8 @@ def recipient_of(ctx: Context, req: Request) -> tuple[dict[str, Any], dict[str, 
     request: 403 bad or expired token (checked first, as the server checks it before it
     queues the request: `refuse_link`), 404 unknown center, draft center or deleted user."""
     token = req.query.get("token")
-    token_sid, expires = read_token(ctx.seed, token, req.params["preferenceCenterExternalID"], ctx.clock)
+    token_sid, expires = read_token(ring_of(ctx.link_keys), token, req.params["preferenceCenterExternalID"],
+                                    ctx.clock)
     assert isinstance(token, str)  # read_token refused anything else
     center = find_center(ctx, req.params["preferenceCenterExternalID"])
     if center["state"] != "active":
@@ -583,11 +574,15 @@ def make_link(ctx: Context, req: Request) -> Response:
     URL of a user's page, signed; base: `base_url`, else the store's public URL."""
     center = find_center(ctx, req.params["preferenceCenterExternalID"])
     profile = link_user(ctx, req.query)
-    lifetime = req.query.get("expires_in", int(LINK_LIFETIME.total_seconds()))
+    longest = ring_of(ctx.link_keys).max_lifetime
+    lifetime = req.query.get("expires_in", int(min(LINK_LIFETIME, longest).total_seconds()))
     if isinstance(lifetime, str) and lifetime.isdigit():
         lifetime = int(lifetime)
-    if not isinstance(lifetime, int) or isinstance(lifetime, bool) or not 1 <= lifetime <= 315_360_000:
+    if not isinstance(lifetime, int) or isinstance(lifetime, bool) or lifetime < 1:
         raise _Refused(400, ERR_LINK_EXPIRES)
+    if lifetime > longest.total_seconds():
+        raise _Refused(400, ERR_LINK_TOO_LONG.format(seconds=lifetime, most=int(longest.total_seconds()),
+                                                     days=longest / timedelta(days=1)))
     if "base_url" in req.query:
         base = check_base_url(req.query["base_url"], "base_url")
     elif (stored := public_url(ctx)) is not None:
@@ -595,7 +590,7 @@ def make_link(ctx: Context, req: Request) -> Response:
     else:
         raise _Refused(400, ERR_NO_BASE_URL)
     expires = ctx.clock + timedelta(seconds=lifetime)
-    token = sign_token(ctx.seed, center["center_id"], profile["service_id"], expires)
+    token = new_token(ctx, center["center_id"], profile["service_id"], expires)
     return Response(200, {"url": base + recipient_path(center["center_id"], token),
                           "expires_at": format_time(expires), "message": "success"})
 
@@ -709,14 +704,16 @@ class PreferenceCenters:
                 return str(listed["preference_center_api_id"])
         raise PreferenceCenterError(404, {"message": ERR_CENTER_NAME.format(center=center)})
 
-    def link(self, center: str, user: str | dict[str, str], *, expires_in: timedelta = LINK_LIFETIME,
+    def link(self, center: str, user: str | dict[str, str], *, expires_in: timedelta | None = None,
              base_url: str | None = None) -> str:
         """The absolute URL of `user`'s page of `center` (an ID or a name): a signed link, the
-        recipient's only credential, usable until `expires_in` from now. `user` is an external
-        ID or a user alias (`{"alias_name", "alias_label"}`). The base is `base_url`, else the
-        store's public URL (`set_public_url`, `engagelake serve --public-url`)."""
+        recipient's only credential, usable until `expires_in` from now (default 30 days, or the
+        store's longest link life when shorter; longer than that is refused). `user` is an
+        external ID or a user alias (`{"alias_name", "alias_label"}`). The base is `base_url`,
+        else the store's public URL (`set_public_url`, `engagelake serve --public-url`)."""
         query: dict[str, Any] = dict(user) if isinstance(user, dict) else {"external_id": user}
-        query["expires_in"] = int(expires_in.total_seconds())
+        if expires_in is not None:
+            query["expires_in"] = int(expires_in.total_seconds())
         if base_url is not None:
             query["base_url"] = base_url
         result = self._call("GET", f"{BASE}/{self.center_id(center)}/link", query=query)
@@ -726,7 +723,7 @@ class PreferenceCenters:
         """Record the store's public URL, the base of links made without `base_url`."""
         return str(self._call("PUT", f"{BASE}/public_url", {PUBLIC_URL: url})[PUBLIC_URL])
 
-    def render_tags(self, text: str, user: str | dict[str, str], *, expires_in: timedelta = LINK_LIFETIME,
+    def render_tags(self, text: str, user: str | dict[str, str], *, expires_in: timedelta | None = None,
                     base_url: str | None = None) -> str:
         """`text` (a message) with each center's `liquid_tag`, `{{preference_center.${name}}}`,
         replaced by `user`'s link to that center (`link`); an unknown center raises

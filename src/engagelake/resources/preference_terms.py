@@ -16,6 +16,8 @@ GLOBAL_KEY = "email_global"
 
 # --- error texts of the pages (400 unless noted) ----------------------------------------------
 ERR_TEMPLATE = "invalid {field}: {error} (line {line})"
+ERR_TEMPLATE_SIZE = ("invalid {field}: {size:,} characters, over the limit of {most:,}: link large images, "
+                     "styles and scripts from the page instead of writing them into it")
 ERR_PARTIAL = "include and render are not supported: a page cannot load template '{name}'"
 ERR_RENDER = "the page of preference center {center_id} cannot be rendered: {error}"  # 422
 ERR_FORM_TAG = "form_field_name expects ':subscription_group <subscription_group_api_id>' or ':email_global_state'"

@@ -28,6 +28,7 @@ Names and markers shared by them are in store/layout.py.
 from __future__ import annotations
 
 import errno
+import os
 import threading
 import uuid
 from collections.abc import Callable, Iterator
@@ -79,10 +80,12 @@ class DeltaStore:
     its collaborators (`versions`, `writer`, `ledger`, `merger`, `compactor`)."""
 
     def __init__(self, uri: str | Path, *, seed: str | None = None, memory_limit: str | None = None,
-                 create: bool = True):
+                 create: bool = True, mode: int | str | None = None):
         """Open the store at `uri`; where `store_state` finds none (a new path or an empty
-        folder) create one, or with `create=False` raise NotAStore."""
+        folder) create one, or with `create=False` raise NotAStore. A new local store's folder
+        gets `mode` (`layout.store_mode`: 0700 unless set); an existing store's is left as it is."""
         self.uri = str(uri)
+        self._mode = mode
         self.place = Place.of(self.uri)
         self.local = self.place.local
         self._lease = self.place.lease  # on object storage, writers take turns through a lease
@@ -190,8 +193,15 @@ class DeltaStore:
             if not root.parent.is_dir():  # a mistyped path must not grow a tree of folders and a store
                 raise StoreError(f"cannot create a store at {self.uri}: its parent folder {root.parent} does not "
                                  "exist; create it first, or pass the path of an existing store")
+            mode = layout.store_mode(self._mode)
+            existed = root.is_dir()
             try:
-                root.mkdir(exist_ok=True)
+                root.mkdir(mode=mode, exist_ok=True)
+                try:  # exactly `mode`, whatever the umask, and for an empty folder made before
+                    os.chmod(root, mode)
+                except PermissionError:
+                    if not existed:
+                        raise
                 (root / CREATING).touch()
             except OSError as error:
                 raise StoreError(f"cannot create a store at {self.uri}: {error.strerror}") from error

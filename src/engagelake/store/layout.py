@@ -26,7 +26,7 @@ import polars as pl
 import pyarrow as pa
 from deltalake import ColumnProperties, DeltaTable, WriterProperties
 
-from engagelake.errors import NotAStore, StoreDamaged, StoreError, StoreReadOnly
+from engagelake.errors import ConfigError, NotAStore, StoreDamaged, StoreError, StoreReadOnly
 from engagelake.store import appends, merging, objects
 from engagelake.store.lease import Lease
 from engagelake.store.runs import ROW_GROUP_ROWS
@@ -48,6 +48,9 @@ WANTED = "_writer.wanted"  # touched by writers waiting for the lock (`writer_lo
 WANTED_FOR_S = 1.0  # a mark older than this is a waiter's that gave up or died
 CRASH_ENV = "ENGAGELAKE_CRASH_AT"
 MERGE_ENV = "ENGAGELAKE_MERGE_TRIGGER"  # runs a table may hold before a batch merges (tuning, tests)
+# the mode of a new local store's folder (`store_mode`): owner-only unless this says otherwise
+STORE_MODE_ENV = "ENGAGELAKE_STORE_MODE"
+STORE_MODE = 0o700
 # a crash point's prefix under which a commit still writes its tables side by side (`TableWrites`)
 SIDE_BY_SIDE = "side_by_side:"
 # without `compression`, WriterProperties writes uncompressed Parquet
@@ -281,6 +284,28 @@ def wanted(root: Path, within: float = WANTED_FOR_S) -> bool:
         return time.time() - (root / WANTED).stat().st_mtime < within
     except OSError:
         return False
+
+
+def store_mode(mode: int | str | None = None) -> int:
+    """The mode a new local store's folder is given: `mode` (an int, or octal text such as
+    "0750"), else `$ENGAGELAKE_STORE_MODE`, else 0700: the owner only, so that nobody else
+    reads the tables (and the seed in every ledger row). Its owner must keep every right."""
+    given: int | str | None = mode if mode is not None else os.environ.get(STORE_MODE_ENV) or None
+    if given is None:
+        return STORE_MODE
+    where = "mode" if mode is not None else STORE_MODE_ENV
+    if isinstance(given, str):
+        text = given.strip().lower().removeprefix("0o")
+        try:
+            given = int(text, 8)
+        except ValueError:
+            raise ConfigError(f"{where} must be an octal mode such as 0700 or 0750, not {given!r}") from None
+    if isinstance(given, bool) or not isinstance(given, int) or not 0o700 <= given <= 0o777 \
+            or given & 0o700 != 0o700:
+        shown = oct(given) if isinstance(given, int) else repr(given)
+        raise ConfigError(f"{where} must be an octal mode from 0700 to 0777 that keeps the owner's rights "
+                          f"(0700, 0750, 0755), not {shown}")
+    return given
 
 
 def failpoint(name: str) -> None:
