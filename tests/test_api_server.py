@@ -185,7 +185,7 @@ def keyed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[httpx.Clie
     keys = {permission: ws.credentials.create_key(permission, [permission]) for permission in KEY_PERMISSIONS}
     keys["all"] = ws.credentials.create_key("everything", ["all"])
     keys[SCIM] = ws.credentials.create_scim_token(ORIGIN)
-    with served(ws, rate_limits=None) as client:
+    with served(ws, rate_limits=None, openapi=True) as client:
         yield client, ws, keys
 
 
@@ -377,6 +377,26 @@ def test_bodies_over_the_limit_get_413(tmp_path: Path) -> None:
         assert streamed.status_code == 413
         assert send(client, "POST", "/users/track", {"attributes": [{"external_id": "x1"}]}, bearer(key)).status_code == 201
     assert ws.export_users(["external_id", "custom_attributes"]) == [{"external_id": "x1"}]
+
+
+def test_the_openapi_document_and_its_pages_are_off_unless_asked(tmp_path: Path) -> None:
+    """They answer without a key and map every endpoint (issue 56): `serve --openapi` turns them on."""
+    with served(open_ws(tmp_path)) as client:
+        for path in ("/openapi.json", "/docs", "/redoc"):
+            answer = client.get(path)
+            assert answer.status_code == 404 and list(answer.json()) == ["message"], path
+
+
+def test_link_tokens_are_redacted_in_the_access_log() -> None:
+    import logging
+
+    from engagelake.api import access_log
+
+    record = logging.LogRecord("uvicorn.access", logging.INFO, __file__, 1, '%s - "%s %s HTTP/%s" %d',
+                               ("127.0.0.1:5000", "GET", "/preferences/main?token=abc.def&x=1", "1.1", 200), None)
+    assert access_log.REDACTOR.filter(record)
+    assert record.getMessage() == '127.0.0.1:5000 - "GET /preferences/main?token=<redacted>&x=1 HTTP/1.1" 200'
+    assert access_log.redacted("/x?a=1&token=t#f") == "/x?a=1&token=<redacted>#f"
 
 
 def test_openapi_lists_every_endpoint_with_its_permission(keyed: tuple[httpx.Client, Workspace, dict[str, str]]) -> None:

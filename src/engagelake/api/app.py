@@ -23,7 +23,7 @@ from fastapi.responses import HTMLResponse
 from fastapi.responses import Response as HttpResponse
 from pydantic.json_schema import models_json_schema
 
-from engagelake.api import pages
+from engagelake.api import access_log, pages
 from engagelake.api.limits import DEFAULT_LIMITS, LIMITED, PER_ADDRESS, PER_LINK, Limit, RateLimiter
 from engagelake.api.writer import MAX_BATCH, MAX_QUEUED, GroupCommitWriter, WriterBusy
 from engagelake.permissions import ENDPOINT_PERMISSIONS, SCIM, SIGNED_LINK
@@ -153,15 +153,17 @@ def _key_in_body(body: bytes) -> bool:
 def create_app(workspace: Workspace, *, rate_limits: dict[str, Limit] | None = DEFAULT_LIMITS,
                clock: Callable[[], float] = time.time, max_body_bytes: int = MAX_BODY_BYTES,
                max_batch: int = MAX_BATCH, credentials_ttl: float = CREDENTIALS_TTL_S,
-               max_queued: int = MAX_QUEUED) -> FastAPI:
+               max_queued: int = MAX_QUEUED, openapi: bool = False) -> FastAPI:
     """The FastAPI app over `workspace`. `rate_limits` None turns limits off; `clock` gives
-    the unix seconds the limits count in."""
+    the unix seconds the limits count in; `openapi` serves `/openapi.json` and `/docs` (off
+    by default: they answer without a key, and map every endpoint for whoever asks)."""
     writer = GroupCommitWriter(workspace, max_batch=max_batch, max_queued=max_queued)
     limiter = RateLimiter(dict(rate_limits), clock) if rate_limits is not None else None
     credentials = _Credentials(str(workspace.store.uri), credentials_ttl)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        access_log.install()  # after uvicorn configured its loggers: no link token in its lines
         await asyncio.to_thread(credentials.ring)  # the store opens before the first request
         writer.start()
         try:
@@ -170,7 +172,8 @@ def create_app(workspace: Workspace, *, rate_limits: dict[str, Limit] | None = D
             await asyncio.to_thread(writer.stop)
             await asyncio.to_thread(workspace.close)
 
-    app = FastAPI(title="engagelake", version="1", lifespan=lifespan,
+    shown: dict[str, Any] = {} if openapi else {"openapi_url": None, "docs_url": None, "redoc_url": None}
+    app = FastAPI(title="engagelake", version="1", lifespan=lifespan, **shown,
                   description="The customer-engagement REST API over an engagelake store.")
     app.state.writer = writer
 

@@ -41,6 +41,10 @@ def serve(
         float, typer.Option(min=0.01, help="With the layer: how old its oldest batch gets before a flush writes "
                                            "it to the tables, where other processes see it.")
     ] = 1.0,
+    openapi: Annotated[
+        bool, typer.Option("--openapi/--no-openapi", help="Serve the API's document at /openapi.json and its "
+                                                          "pages at /docs (they answer without a key).")
+    ] = False,
     link_keys: Annotated[
         str | None, typer.Option(envvar="ENGAGELAKE_LINK_KEYS", show_default=False,
                                  help="The key file that signs and checks preference links (default: the store's "
@@ -84,7 +88,7 @@ def serve(
         if public_url is not None:
             workspace.preference_centers.set_public_url(public_url)
         app = create_app(workspace, rate_limits=limits if rate_limits == "on" else None,
-                         max_body_bytes=max_body_bytes, max_queued=max_queued)
+                         max_body_bytes=max_body_bytes, max_queued=max_queued, openapi=openapi)
         uvicorn.run(app, host=host, port=port, log_level="info", access_log=access_log)
 
 
