@@ -339,7 +339,7 @@ def create_app(workspace: Workspace, *, rate_limits: dict[str, Limit] | None = D
     app.add_api_route("/{rest:path}", dispatch, include_in_schema=False,
                       methods=["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS", "TRACE", "CONNECT"])
 
-    def openapi() -> dict[str, Any]:  # the request bodies' models, for documentation only
+    def document() -> dict[str, Any]:  # the request bodies' models, for documentation only
         if app.openapi_schema is None:
             schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
             models = sorted(set(REQUEST_BODIES.values()), key=lambda m: m.__name__)
@@ -351,7 +351,7 @@ def create_app(workspace: Workspace, *, rate_limits: dict[str, Limit] | None = D
             app.openapi_schema = schema
         return app.openapi_schema
 
-    app.openapi = openapi  # type: ignore[method-assign]
+    app.openapi = document  # type: ignore[method-assign]
 
     @app.exception_handler(Exception)
     async def failed(request: Request, error: Exception) -> HttpResponse:  # never a framework's page
