@@ -17,7 +17,7 @@ from tests.test_apply_equals_call import (
 )
 
 from engagelake.rules import messages as M
-from engagelake.rules.profile import attributes, parse, reading
+from engagelake.rules.profile import attributes, parse, parsing, reading
 from engagelake.rules.profile.attributes import attribute_errors, fold_attributes
 from engagelake.rules.profile.validate import (
     normalize_email,
@@ -217,19 +217,20 @@ def test_apply_changes_folds_partial_rows_into_the_rows_it_holds():
 
 
 def test_parsing_in_chunks_equals_parsing_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Big passes are parsed in chunks, two at a time (`rules.profile.parse.parse_track`): the frames,
+    """Big passes are parsed in chunks, two at a time (`rules.profile.parse.parse_duckdb`): the frames,
     `seq` numbering included, are those of one parse. Bad bodies ride along."""
     texts = [orjson.dumps(r.get("body")).decode()
              for r in IDENTITIES_AND_ATTRIBUTES + PUSH_AND_SUBSCRIPTIONS + EVENTS_AND_PURCHASES
              if r["path"] == "/users/track"]
     texts += ["[1, 2]", '{"attributes": 3}', '{"events": [1, {"name": "x"}]}', "null"]
     bodies = pa.table({"req": pa.array(range(len(texts)), pa.int64()), "body": texts})
-    whole = parse.parse_track(bodies)
+    monkeypatch.setenv("ENGAGELAKE_SMALL_PARSE_BYTES", "0")  # DuckDB's parse, whatever the pass's size
+    whole = parsing.parse_track(bodies)
     assert whole.objects.height > 20
     for limit in (1, 300):  # one request per chunk; a few per chunk
         monkeypatch.setattr(parse, "PARSE_CHUNK_BYTES", limit)
         assert len(parse._chunk_ends(pc.binary_length(bodies["body"]).to_numpy(), limit)) > 3
-        chunked = parse.parse_track(bodies)
+        chunked = parsing.parse_track(bodies)
         for name in ("requests", "objects", "pairs", "tokens", "groups"):
             assert_frame_equal(getattr(chunked, name), getattr(whole, name))
 
@@ -280,7 +281,7 @@ def test_parse_reads_types_nulls_and_operations_of_awkward_values() -> None:
                    {"name": "f", "properties": {"k": 1}, "External_ID": "b"}],
         "purchases": "not a list",
     }
-    p = parse.parse_track(pa.table({"req": pa.array([0], pa.int64()), "body": [orjson.dumps(body).decode()]}))
+    p = parsing.parse_track(pa.table({"req": pa.array([0], pa.int64()), "body": [orjson.dumps(body).decode()]}))
     assert p.requests.select("body_type", "attributes_type", "attributes_len", "events_len", "purchases_type",
                              "purchases_len").row(0) == ("OBJECT", "ARRAY", 1, 3, "VARCHAR", None)
     attrs, null_event, nested, flat = p.objects.sort("seq").iter_rows(named=True)

@@ -1,4 +1,5 @@
-"""Flatten `/users/track` bodies into operation tables, vectorized in DuckDB.
+"""Flatten `/users/track` bodies into operation tables, vectorized in DuckDB (a small pass:
+the same tables by a walk in Python, `parse_small.py`; `parsing.py` chooses).
 
 Input: one row per request (`req`, `body` as JSON text). Output frames, one row per thing:
 - `requests`: the request-level facts the fatal checks need;
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
     import duckdb  # imported where used: a process that only reads never loads it
 
 ARRAYS = ("attributes", "events", "purchases")
-PARSE_CHUNK_BYTES = 4 << 20  # request text parsed at once (see `parse_track`)
+PARSE_CHUNK_BYTES = 4 << 20  # request text parsed at once (see `parse_duckdb`)
 PARSE_THREADS = 2
 
 
@@ -128,8 +129,9 @@ FROM o
 """
 
 
-def parse_track(bodies: pa.Table) -> ParsedTrack:
-    """Flatten track request bodies (`req` int64, `body` JSON text) into operation tables.
+def parse_duckdb(bodies: pa.Table) -> ParsedTrack:
+    """Flatten track request bodies (`req` int64, `body` JSON text) into operation tables, in
+    DuckDB (`parsing.parse_track` chooses between this and `parse_small`).
 
     DuckDB's intermediate JSON values take about 3 KB per object (600-800 MiB for a pass of
     200k objects), so the bodies are parsed in chunks of about `PARSE_CHUNK_BYTES` of text,

@@ -16,7 +16,8 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
-from engagelake.rules.profile.parse import parse_track, without_requests
+from engagelake.rules.profile.parse import without_requests
+from engagelake.rules.profile.parsing import parse_track
 from engagelake.rules.profile.validate import ValidTrack, validate_track
 
 
