@@ -176,6 +176,43 @@ def test_the_permission_table_covers_every_route() -> None:
     assert set(LIMITED) <= set(ENDPOINT_PERMISSIONS)
     # PER_LINK: the recipients' pages; PER_ADDRESS: requests refused for their credential
     assert set(LIMITED.values()) | {PER_LINK, PER_ADDRESS} == set(DEFAULT_LIMITS)
+    # every route a key or SCIM token opens counts against a limit; the signed links', per link
+    assert set(LIMITED) == {route for route, permission in ENDPOINT_PERMISSIONS.items() if permission != SIGNED_LINK}
+
+
+def test_a_key_limit_holds_one_key_without_spending_the_others(tmp_path: Path) -> None:
+    ws = open_ws(tmp_path)
+    greedy, other, third = (ws.credentials.create_key(name, ["all"]) for name in ("greedy", "other", "third"))
+    clock = UnixClock(NOW.timestamp() + 1)
+    export = {"external_ids": ["x1"], "fields_to_export": ["external_id"]}
+    with served(ws, rate_limits={**DEFAULT_LIMITS, "export": Limit(5, 60)}, key_limits={"export": Limit(2, 60)},
+                clock=clock) as client:
+        first = send(client, "POST", "/users/export/ids", export, bearer(greedy))
+        # the headers of the limit nearer its end: the key's (1 of 2 left), not the workspace's (4 of 5)
+        assert (first.status_code, first.headers["X-RateLimit-Limit"], first.headers["X-RateLimit-Remaining"]) \
+            == (200, "2", "1")
+        assert send(client, "POST", "/users/export/ids", export, bearer(greedy)).status_code == 200
+        over = send(client, "POST", "/users/export/ids", export, bearer(greedy))
+        assert over.status_code == 429
+        assert "rate limit of POST /users/export/ids for key 'greedy' exceeded (2 requests per 60 s)" \
+            in over.json()["message"]
+        # the refused request spent none of the workspace's limit: 3 of 5 left for the others,
+        # each key held to its own 2 as well (the headers: whichever is nearer its end)
+        for remaining in ("1", "0"):
+            answered = send(client, "POST", "/users/export/ids", export, bearer(other))
+            assert (answered.status_code, answered.headers["X-RateLimit-Remaining"]) == (200, remaining)
+        answered = send(client, "POST", "/users/export/ids", export, bearer(third))
+        assert (answered.status_code, answered.headers["X-RateLimit-Limit"]) == (200, "5")  # the last of 5
+        # the workspace's own limit holds over every key: 5 answered in all, the sixth refused
+        shared = send(client, "POST", "/users/export/ids", export, bearer(third))
+        assert shared.status_code == 429 and "for key" not in shared.json()["message"]
+        assert shared.headers["X-RateLimit-Limit"] == "5"
+        # a limit a key has no own bound for counts only the workspace's
+        assert send(client, "GET", "/catalogs", None, bearer(greedy)).headers["X-RateLimit-Limit"] == "50"
+        clock.now += 60  # the next window: the greedy key may export again
+        assert send(client, "POST", "/users/export/ids", export, bearer(greedy)).status_code == 200
+    with pytest.raises(ValueError, match="anonymous not among"):
+        create_app(ws, key_limits={"anonymous": Limit(1, 60)})
 
 
 @pytest.fixture(scope="module")
@@ -311,11 +348,13 @@ def test_rate_limits_count_per_window_and_answer_429(tmp_path: Path) -> None:
         over = send(client, "POST", "/users/track", track, bearer(key))
         assert over.status_code == 429 and "rate limit of POST /users/track exceeded" in over.json()["message"]
         assert (over.headers["X-RateLimit-Remaining"], over.headers["X-RateLimit-Reset"]) == ("0", reset)
-        # other limits count apart; unlimited endpoints carry no headers
+        # other limits count apart, the hosted API's for the routes the specification leaves out
         export = send(client, "POST", "/users/export/ids", {"external_ids": ["x1"], "fields_to_export": ["external_id"]},
                       bearer(key))
         assert export.status_code == 200 and export.headers["X-RateLimit-Limit"] == "250"
-        assert "X-RateLimit-Limit" not in send(client, "GET", "/catalogs", None, bearer(key)).headers
+        assert send(client, "GET", "/catalogs", None, bearer(key)).headers["X-RateLimit-Limit"] == "50"
+        listed = send(client, "GET", "/preference_center/v1/list", None, bearer(key))
+        assert (listed.headers["X-RateLimit-Limit"], listed.headers["X-RateLimit-Remaining"]) == ("1000", "999")
         # refused callers use up nothing
         assert send(client, "POST", "/users/export/ids", {}, bearer("elk_x_y")).status_code == 401
         assert send(client, "POST", "/users/export/ids", {"external_ids": ["x1"], "fields_to_export": ["email"]},

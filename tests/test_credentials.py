@@ -107,6 +107,10 @@ def test_serve_refuses_bad_limits(tmp_path: Path) -> None:
     assert result.exit_code == 1 and "expected NAME=REQUESTS/SECONDS" in result.stderr
     result = runner.invoke(app, ["serve", "--store", str(tmp_path / "s"), "--rate-limits", "maybe"])
     assert result.exit_code == 1 and "--rate-limits takes on or off" in result.stderr
+    # a key is held to the endpoints' limits only: per address and per link are not a key's
+    result = runner.invoke(app, ["serve", "--store", str(tmp_path / "s"), "--key-limit", "anonymous=5/60"])
+    assert result.exit_code == 1 and "--key-limit: expected NAME=REQUESTS/SECONDS with NAME one of track," \
+        in result.stderr and "anonymous" not in result.stderr.split("one of")[1].split("got")[0]
 
 
 def test_rate_limiter_windows() -> None:

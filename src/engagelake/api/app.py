@@ -24,12 +24,20 @@ from fastapi.responses import Response as HttpResponse
 from pydantic.json_schema import models_json_schema
 
 from engagelake.api import access_log, pages
-from engagelake.api.limits import DEFAULT_LIMITS, LIMITED, PER_ADDRESS, PER_LINK, Limit, RateLimiter
+from engagelake.api.limits import (
+    DEFAULT_LIMITS,
+    KEY_LIMIT_NAMES,
+    LIMITED,
+    PER_ADDRESS,
+    PER_LINK,
+    Limit,
+    RateLimiter,
+)
 from engagelake.api.writer import MAX_BATCH, MAX_QUEUED, GroupCommitWriter, WriterBusy
 from engagelake.permissions import ENDPOINT_PERMISSIONS, SCIM, SIGNED_LINK
 from engagelake.requests.bodies import REQUEST_BODIES
 from engagelake.requests.models import ExportResponse, TrackResponse
-from engagelake.resources.credentials import KeyRing
+from engagelake.resources.credentials import ApiKey, KeyRing
 from engagelake.resources.preference_centers import PREVIEW, link_key, refuse_link
 from engagelake.resources.scim import ERROR_SCHEMA
 from engagelake.routes import ROUTE_TABLE, ROUTER, route_of
@@ -151,14 +159,22 @@ def _key_in_body(body: bytes) -> bool:
 
 
 def create_app(workspace: Workspace, *, rate_limits: dict[str, Limit] | None = DEFAULT_LIMITS,
+               key_limits: dict[str, Limit] | None = None,
                clock: Callable[[], float] = time.time, max_body_bytes: int = MAX_BODY_BYTES,
                max_batch: int = MAX_BATCH, credentials_ttl: float = CREDENTIALS_TTL_S,
                max_queued: int = MAX_QUEUED, openapi: bool = False) -> FastAPI:
-    """The FastAPI app over `workspace`. `rate_limits` None turns limits off; `clock` gives
-    the unix seconds the limits count in; `openapi` serves `/openapi.json` and `/docs` (off
-    by default: they answer without a key, and map every endpoint for whoever asks)."""
+    """The FastAPI app over `workspace`. `rate_limits` None turns limits off; `key_limits`
+    (names of `KEY_LIMIT_NAMES`) holds each API key to its own limit as well, counted before
+    the workspace's, so a key past its own spends none of the workspace's (off with
+    `rate_limits` None); `clock` gives the unix seconds the limits count in; `openapi` serves
+    `/openapi.json` and `/docs` (off by default: they answer without a key, and map every
+    endpoint for whoever asks)."""
+    unknown = set(key_limits or {}) - set(KEY_LIMIT_NAMES)
+    if unknown:
+        raise ValueError(f"key_limits: {', '.join(sorted(unknown))} not among {', '.join(KEY_LIMIT_NAMES)}")
     writer = GroupCommitWriter(workspace, max_batch=max_batch, max_queued=max_queued)
     limiter = RateLimiter(dict(rate_limits), clock) if rate_limits is not None else None
+    per_key = RateLimiter(dict(key_limits), clock) if key_limits and rate_limits is not None else None
     credentials = _Credentials(str(workspace.store.uri), credentials_ttl)
 
     @asynccontextmanager
@@ -248,13 +264,25 @@ def create_app(workspace: Workspace, *, rate_limits: dict[str, Limit] | None = D
             return pages.error(answered.status_code, message)
         return await dispatch_api(request)
 
-    async def holds(request: Request, permission: str) -> bool:
-        """Whether the API key of a request (authorized for its endpoint) also has `permission`."""
+    async def key_of(request: Request) -> ApiKey | None:
+        """The API key of a request (authorized for its endpoint), or None (a SCIM token, a link)."""
         if (ring := credentials.fresh()) is None:
             ring = await asyncio.to_thread(credentials.ring)
         match = BEARER.match(request.headers.get("authorization", ""))
-        key = ring.api_key(match.group(1)) if match is not None else None
+        return ring.api_key(match.group(1)) if match is not None else None
+
+    async def holds(request: Request, permission: str) -> bool:
+        """Whether the API key of a request (authorized for its endpoint) also has `permission`."""
+        key = await key_of(request)
         return key is not None and key.allows(permission)
+
+    def over_limit(method: str, path: str, pattern: str, headers: dict[str, str], seconds: int,
+                   whose: str = "") -> HttpResponse:
+        if pages.is_page(path):
+            return pages.error(429, headers=headers)
+        return _json(429, {"message": f"rate limit of {method} {pattern}{whose} exceeded "
+                                      f"({headers['X-RateLimit-Limit']} requests per {seconds} s); "
+                                      f"retry after X-RateLimit-Reset"}, headers)
 
     async def dispatch_api(request: Request) -> HttpResponse:
         method, path = request.method, request.url.path
@@ -282,15 +310,17 @@ def create_app(workspace: Workspace, *, rate_limits: dict[str, Limit] | None = D
             key = link_key(workspace.link_keys, _link_center(path), request.query_params.get("token"),
                            workspace.clock())
             limit, who = (PER_LINK, key) if key is not None else (None, "")
-        if limiter is not None and limit is not None:
-            allowed, headers = limiter.hit(limit, who)
-            if not allowed and pages.is_page(path):
-                return pages.error(429, headers=headers)
+        if per_key is not None and limit in per_key.limits and (holder := await key_of(request)) is not None:
+            allowed, headers = per_key.hit(limit, holder.key_id)  # the key's own, first
             if not allowed:
-                return _json(429, {"message": f"rate limit of {method} {pattern} exceeded "
-                                              f"({headers['X-RateLimit-Limit']} requests per "
-                                              f"{limiter.limits[limit].seconds} s); retry after "
-                                              f"X-RateLimit-Reset"}, headers)
+                return over_limit(method, path, pattern, headers, per_key.limits[limit].seconds,
+                                  f" for key {holder.name!r}")
+        if limiter is not None and limit is not None:
+            allowed, shared = limiter.hit(limit, who)
+            if not allowed:
+                return over_limit(method, path, pattern, shared, limiter.limits[limit].seconds)
+            if not headers or int(shared["X-RateLimit-Remaining"]) < int(headers["X-RateLimit-Remaining"]):
+                headers = shared  # the headers of the limit nearer its end
         query = dict(request.query_params)
         if (method, pattern) == STAFF_PAGE and not await holds(request, LINK_PERMISSION):
             query[PREVIEW] = "true"  # its form would be a link: a preview, posting nowhere

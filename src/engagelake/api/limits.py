@@ -1,6 +1,9 @@
 """Rate limits of the specification's Limits table, per workspace (one server process), in
 fixed windows aligned on the epoch: a window of 60 s resets on the minute, and
-`X-RateLimit-Reset` is the unix second it does.
+`X-RateLimit-Reset` is the unix second it does. The routes the specification does not limit
+take the hosted API's published limits (catalog definitions, preference center reads), so that
+every route counts against one. An operator may also bound each key on its own (`key_limits`,
+`serve --key-limit`): one key then cannot spend a workspace's whole budget.
 
 Requests are counted after they are authenticated: a caller without a key cannot use up a
 workspace's quota. Requests refused for their credential (no key, an unknown key or SCIM token,
@@ -30,6 +33,9 @@ DEFAULT_LIMITS: dict[str, Limit] = {
     "external_ids": Limit(1_000, 60),  # rename (and remove, which the table does not name)
     "scim": Limit(5_000, 86_400),
     "preference_center": Limit(10, 60),  # POST and PUT
+    # not in the specification: the hosted API's published limits of these routes (issue 56)
+    "preference_center_reads": Limit(1_000, 60),  # list, details, link (the hosted "url"), staff page
+    "catalogs": Limit(50, 60),  # GET and POST /catalogs, shared
     "catalog_items": Limit(16_000, 60),  # PUT and DELETE, shared
     "translations": Limit(250_000, 86_400),
     # not in the specification: a recipient's page and its form, counted per link (its token),
@@ -44,7 +50,8 @@ PER_LINK = "recipient_page"
 PER_ADDRESS = "anonymous"
 WINDOWS_KEPT = 10_000  # windows of per-link limits kept before those that ended are dropped
 
-# (method, route pattern) -> the limit it counts against; other endpoints are not limited
+# (method, route pattern) -> the limit it counts against: every route an API key or SCIM token
+# opens (the signed-link routes count per link, PER_LINK)
 LIMITED: dict[tuple[str, str], str] = {
     ("POST", "/users/track"): "track",
     ("POST", "/users/merge"): "users",
@@ -62,6 +69,13 @@ LIMITED: dict[tuple[str, str], str] = {
     ("DELETE", "/scim/v2/Users/{id}"): "scim",
     ("POST", "/preference_center/v1"): "preference_center",
     ("PUT", "/preference_center/v1/{preferenceCenterExternalID}"): "preference_center",
+    ("PUT", "/preference_center/v1/public_url"): "preference_center",
+    ("GET", "/preference_center/v1/list"): "preference_center_reads",
+    ("GET", "/preference_center/v1/{preferenceCenterExternalID}"): "preference_center_reads",
+    ("GET", "/preference_center/v1/{preferenceCenterExternalID}/link"): "preference_center_reads",
+    ("GET", "/preference_center/v1/{preferenceCenterExternalID}/page"): "preference_center_reads",
+    ("GET", "/catalogs"): "catalogs",
+    ("POST", "/catalogs"): "catalogs",
     ("PUT", "/catalogs/{catalog_name}/items"): "catalog_items",
     ("DELETE", "/catalogs/{catalog_name}/items"): "catalog_items",
     ("GET", "/campaigns/translations"): "translations",
@@ -69,12 +83,17 @@ LIMITED: dict[tuple[str, str], str] = {
 }
 
 
-def parse_limit(text: str) -> tuple[str, Limit]:
-    """`track=3000/3` -> ("track", Limit(3000, 3)); ValueError saying what is expected."""
+# the limits a key can be held to on its own: the endpoints', not those counted per link or address
+KEY_LIMIT_NAMES = tuple(dict.fromkeys(LIMITED.values()))
+
+
+def parse_limit(text: str, names: tuple[str, ...] = tuple(DEFAULT_LIMITS)) -> tuple[str, Limit]:
+    """`track=3000/3` -> ("track", Limit(3000, 3)), NAME one of `names`; ValueError saying what
+    is expected."""
     name, _, value = text.partition("=")
     count, _, seconds = value.partition("/")
-    if name not in DEFAULT_LIMITS or not count.isdigit() or not seconds.isdigit() or int(seconds) < 1:
-        raise ValueError(f"expected NAME=REQUESTS/SECONDS with NAME one of {', '.join(DEFAULT_LIMITS)}, "
+    if name not in names or not count.isdigit() or not seconds.isdigit() or int(seconds) < 1:
+        raise ValueError(f"expected NAME=REQUESTS/SECONDS with NAME one of {', '.join(names)}, "
                          f"got {text!r}")
     return name, Limit(int(count), int(seconds))
 

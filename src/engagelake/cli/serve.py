@@ -21,6 +21,12 @@ def serve(
         typer.Option("--rate-limit", metavar="NAME=REQUESTS/SECONDS",
                      help="Override one limit, e.g. --rate-limit export=500/60 (repeatable; names in docs/server.md)."),
     ] = None,
+    key_limit: Annotated[
+        list[str] | None,
+        typer.Option("--key-limit", metavar="NAME=REQUESTS/SECONDS",
+                     help="Hold every API key to a limit of its own as well, e.g. --key-limit export=50/60: one "
+                          "key then cannot spend the workspace's whole limit (repeatable; docs/server.md)."),
+    ] = None,
     max_body_bytes: Annotated[int, typer.Option(min=1, help="Largest request body accepted (413 beyond).")] = 10 * 1024 * 1024,
     max_queued: Annotated[int, typer.Option(min=1, help="Requests waiting to be applied before new ones get 503 "
                                                          "with Retry-After.")] = 2000,
@@ -58,9 +64,10 @@ def serve(
     Examples:
       engagelake serve --store data/store --port 8000
       engagelake serve --rate-limits off --host 0.0.0.0
+      engagelake serve --key-limit export=50/60 --key-limit track=300/3
       engagelake serve --public-url https://prefs.example.com
     """
-    from engagelake.api.limits import DEFAULT_LIMITS, parse_limit
+    from engagelake.api.limits import DEFAULT_LIMITS, KEY_LIMIT_NAMES, parse_limit
 
     if rate_limits not in ("on", "off"):
         fail(f"--rate-limits takes on or off, not {rate_limits!r}")
@@ -71,6 +78,13 @@ def serve(
         except ValueError as error:
             fail(f"--rate-limit: {error}")
         limits[name] = limit
+    key_limits = {}
+    for text in key_limit or []:
+        try:
+            name, limit = parse_limit(text, KEY_LIMIT_NAMES)
+        except ValueError as error:
+            fail(f"--key-limit: {error}")
+        key_limits[name] = limit
     with input_errors():
         import uvicorn
 
@@ -87,7 +101,7 @@ def serve(
                 "checked (each answers 500); pass --link-keys PATH or set ENGAGELAKE_LINK_KEYS")
         if public_url is not None:
             workspace.preference_centers.set_public_url(public_url)
-        app = create_app(workspace, rate_limits=limits if rate_limits == "on" else None,
+        app = create_app(workspace, rate_limits=limits if rate_limits == "on" else None, key_limits=key_limits,
                          max_body_bytes=max_body_bytes, max_queued=max_queued, openapi=openapi)
         uvicorn.run(app, host=host, port=port, log_level="info", access_log=access_log)
 
