@@ -44,7 +44,7 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from deltalake import DeltaTable
+from deltalake import DeltaTable, Schema
 
 from engagelake.errors import StoreError
 from engagelake.store import checkpoints, objects
@@ -296,7 +296,6 @@ def commit(folder: str, version: int, adds: list[dict[str, Any]], rows: int,
     all) added, those of `removed` ((path in the table, size)) removed; returns `version`. The
     caller holds the writer lock and knows the table's newest version is the one before; a log
     entry that exists already (another writer's) raises StoreError."""
-    log = os.path.join(folder, "_delta_log")
     now = int(time.time() * 1000)
     info = {"commitInfo": {
         "timestamp": now, "operation": "WRITE",
@@ -314,6 +313,43 @@ def commit(folder: str, version: int, adds: list[dict[str, Any]], rows: int,
         if version % REMOTE_CHECKPOINT_INTERVAL == 0:
             checkpoints.write_or_leave(folder, version)  # committed: a checkpoint only shortens the next loads
         return version
+    _put_entry(folder, version, text)
+    if version % CHECKPOINT_INTERVAL == 0:
+        _checkpoint(folder)
+    return version
+
+
+def create(folder: str, schema: pa.Schema) -> int:
+    """Create the local table in `folder` empty, with `schema`: version 0 of its log, as
+    delta-rs' `write_deltalake` of no rows writes it (the same protocol, metadata and schema
+    string, tests/test_store.py compares them), in about 0.3 ms instead of 6 ms: a store creates
+    34 tables, and a test suite or a notebook creates many stores. A folder that holds a table
+    already raises StoreError."""
+    log = os.path.join(folder, "_delta_log")
+    os.makedirs(log, exist_ok=True)
+    now = int(time.time() * 1000)
+    actions = (
+        {"commitInfo": {"timestamp": now, "operation": "WRITE", "operationParameters": {"mode": "Overwrite"},
+                        "engineInfo": f"engagelake:{__version__}", "clientVersion": f"engagelake-{__version__}",
+                        "operationMetrics": {"num_added_files": 0, "num_removed_files": 0, "num_partitions": 0,
+                                             "num_added_rows": 0}}},
+        {"protocol": {"minReaderVersion": 1, "minWriterVersion": 2}},
+        {"metaData": {"id": str(uuid.uuid4()), "name": None, "description": None,
+                      "format": {"provider": "parquet", "options": {}},
+                      "schemaString": Schema.from_arrow(schema).to_json(), "partitionColumns": [],
+                      "createdTime": now, "configuration": {}}},
+    )
+    _put_entry(folder, 0, b"\n".join(orjson.dumps(action) for action in actions) + b"\n")
+    if syncing():  # the table's folder names its log, the store's folder the table
+        sync_folder(folder)
+        sync_folder(os.path.dirname(os.path.abspath(folder)))
+    return 0
+
+
+def _put_entry(folder: str, version: int, text: bytes) -> None:
+    """Write log entry `version` of the local table in `folder` whole or not at all (a
+    temporary file linked to its name: the link fails where another writer made it), synced."""
+    log = os.path.join(folder, "_delta_log")
     temporary = os.path.join(log, f"_commit_{uuid.uuid4()}.json.tmp")
     sync = syncing()
     with open(temporary, "wb") as f:
@@ -330,9 +366,6 @@ def commit(folder: str, version: int, adds: list[dict[str, Any]], rows: int,
         os.remove(temporary)
     if sync:  # the entry's name is on disk: the version is made
         sync_folder(log)
-    if version % CHECKPOINT_INTERVAL == 0:
-        _checkpoint(folder)
-    return version
 
 
 def created_empty(folder: str) -> frozenset[str] | None:

@@ -188,6 +188,8 @@ class TableWriter(OnPlace):
 
     def create_table(self, name: str) -> int:
         """An empty table at its first version (also for tables added after the store was made)."""
+        if self.local and not os.path.exists(os.path.join(self._path(name), "_delta_log")):
+            return appends.create(self._path(name), pl.DataFrame(schema=stored_schema(name)).to_arrow().schema)
         objects.write_delta(self._path(name), pl.DataFrame(schema=stored_schema(name)).to_arrow(), mode="overwrite",
                             configuration=None if self.local else objects.LOG_PROPERTIES)
         version = objects.delta_table(self._path(name)).version()
