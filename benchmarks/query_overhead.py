@@ -47,10 +47,12 @@ def per_call(f: Callable[[], object], seconds: float = 0.5) -> float:
 def operations(rows: int) -> None:
     frame = pl.DataFrame({"service_id": [f"s{i}" for i in range(rows)], "n": list(range(rows)),
                           "name": ["visits"] * rows})
-    three_lazy = (lambda: frame.lazy().with_columns(m=pl.col("n") * 2).filter(pl.col("n") > 2)
-                  .select("service_id", "m").collect())
-    three_eager = (lambda: frame.with_columns(m=pl.col("n") * 2).filter(pl.col("n") > 2)
-                   .select("service_id", "m"))
+    def three_lazy() -> pl.DataFrame:
+        return frame.lazy().with_columns(m=pl.col("n") * 2).filter(pl.col("n") > 2).select("service_id", "m").collect()
+
+    def three_eager() -> pl.DataFrame:
+        return frame.with_columns(m=pl.col("n") * 2).filter(pl.col("n") > 2).select("service_id", "m")
+
     table = Table(title=f"Polars, one query on a {rows}-row frame (process CPU, best of batches)")
     table.add_column("operation")
     table.add_column("us a call", justify="right")

@@ -328,7 +328,7 @@ def create(folder: str, schema: pa.Schema) -> int:
     log = os.path.join(folder, "_delta_log")
     os.makedirs(log, exist_ok=True)
     now = int(time.time() * 1000)
-    actions = (
+    actions: tuple[dict[str, Any], ...] = (
         {"commitInfo": {"timestamp": now, "operation": "WRITE", "operationParameters": {"mode": "Overwrite"},
                         "engineInfo": f"engagelake:{__version__}", "clientVersion": f"engagelake-{__version__}",
                         "operationMetrics": {"num_added_files": 0, "num_removed_files": 0, "num_partitions": 0,

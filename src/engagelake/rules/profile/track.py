@@ -427,12 +427,18 @@ def _changes(b: _Batch) -> tuple[Changes, int]:
         push_anonymous=pl.col("kind") == "import",
         language_explicit=pl.lit(False),
     )
-    changes.upsert("external_ids", ids.filter(pl.col("kind") == "ext").select(
-        external_id="key", service_id="service_id", primary=pl.lit(True)))
-    alias_parts = pl.col("key").str.split_exact(SEP, 1)
-    changes.upsert("aliases", ids.filter(pl.col("kind") == "alias").select(
-        alias_label=alias_parts.struct.field("field_0"), alias_name=alias_parts.struct.field("field_1"),
-        service_id="service_id"))
+    # A small pass pays about 150 us for each Polars query, empty frames' too
+    # (benchmarks/query_overhead.py): what a pass has none of is skipped, and its upsert of
+    # no rows would have changed nothing
+    kinds = set(ids["kind"].unique().to_list()) if ids.height else set()
+    if "ext" in kinds:
+        changes.upsert("external_ids", ids.filter(pl.col("kind") == "ext").select(
+            external_id="key", service_id="service_id", primary=pl.lit(True)))
+    if "alias" in kinds:
+        alias_parts = pl.col("key").str.split_exact(SEP, 1)
+        changes.upsert("aliases", ids.filter(pl.col("kind") == "alias").select(
+            alias_label=alias_parts.struct.field("field_0"), alias_name=alias_parts.struct.field("field_1"),
+            service_id="service_id"))
     # profile fields: last write per (user, field), propagated email states included
     writes = pl.concat([
         b.acc_fields.select(sid=real("target"), seq="seq", field="field", value="value"),
@@ -468,18 +474,20 @@ def _changes(b: _Batch) -> tuple[Changes, int]:
 
     # push_opted_in_at: the clock, when push_subscribe changed to opted_in (the one field
     # whose rule reads the stored row)
-    push_writes = writes.filter(pl.col("field") == "push_subscribe")
-    stored = state.rows_where("profiles", "service_id", push_writes.join(
-        ids, left_on="sid", right_on="service_id", how="anti")["sid"].unique())
-    push = (
-        push_writes
-        .join(stored.select(pl.col("service_id").alias("sid"), pl.col("push_subscribe").alias("old")),
-              on="sid", how="left")
-        .with_columns(prev=pl.col("value").shift(1).over("sid"), first=pl.int_range(pl.len()).over("sid") == 0)
-        .with_columns(prev=pl.when(pl.col("first")).then(pl.col("old")).otherwise(pl.col("prev")))
-        .filter((pl.col("value") == "opted_in") & (pl.col("prev").is_null() | (pl.col("prev") != "opted_in")))
-        .select(pl.col("sid").alias("service_id")).unique().with_columns(_opt=pl.lit(True))
-    )
+    push = pl.DataFrame()
+    if "push_subscribe" in fields:
+        push_writes = writes.filter(pl.col("field") == "push_subscribe")
+        stored = state.rows_where("profiles", "service_id", push_writes.join(
+            ids, left_on="sid", right_on="service_id", how="anti")["sid"].unique())
+        push = (
+            push_writes
+            .join(stored.select(pl.col("service_id").alias("sid"), pl.col("push_subscribe").alias("old")),
+                  on="sid", how="left")
+            .with_columns(prev=pl.col("value").shift(1).over("sid"), first=pl.int_range(pl.len()).over("sid") == 0)
+            .with_columns(prev=pl.when(pl.col("first")).then(pl.col("old")).otherwise(pl.col("prev")))
+            .filter((pl.col("value") == "opted_in") & (pl.col("prev").is_null() | (pl.col("prev") != "opted_in")))
+            .select(pl.col("sid").alias("service_id")).unique().with_columns(_opt=pl.lit(True))
+        )
     if push.height:
         base = base.join(push, on="service_id", how="left")
     opted = pl.col("_opt").fill_null(False) if push.height else pl.lit(False)
@@ -500,33 +508,37 @@ def _changes(b: _Batch) -> tuple[Changes, int]:
     ).select(*SCHEMAS["profiles"], SET)
     changes.upsert("profiles", base)
     # custom attributes
-    ops = b.valid.custom.join(b.accepted, on="seq").with_columns(service_id=real("target")).drop("target")
-    # the profiles this pass creates have no attributes yet (their service IDs are new): a
-    # batch of new users would otherwise search every run of the table for each of them
-    older = ops.filter(~pl.col("service_id").is_in(ids["service_id"].implode()))["service_id"]
-    current = state.rows_where("attributes", "service_id", older).join(
-        ops.select("service_id", "name").unique(), on=["service_id", "name"], how="semi")
-    ups, dels = fold_attributes(ops, current)
-    changes.upsert("attributes", ups)
-    changes.delete("attributes", dels)
+    if b.valid.custom.height:
+        ops = b.valid.custom.join(b.accepted, on="seq").with_columns(service_id=real("target")).drop("target")
+        # the profiles this pass creates have no attributes yet (their service IDs are new): a
+        # batch of new users would otherwise search every run of the table for each of them
+        older = ops.filter(~pl.col("service_id").is_in(ids["service_id"].implode()))["service_id"]
+        current = state.rows_where("attributes", "service_id", older).join(
+            ops.select("service_id", "name").unique(), on=["service_id", "name"], how="semi")
+        ups, dels = fold_attributes(ops, current)
+        changes.upsert("attributes", ups)
+        changes.delete("attributes", dels)
     # subscription groups
-    groups = pl.concat([
-        b.valid.groups.join(b.accepted, on="seq").select(sid=real("target"), seq="seq", pos="pos",
-                                                          group_id="group_id", state="state"),
-        b.prop_groups.select(sid=real("sid"), seq="seq", pos="pos", group_id="group_id", state="state"),
-    ]).sort("seq", "pos")
-    changes.upsert("subscriptions", groups.group_by("sid", "group_id").agg(pl.col("state").last()).select(
-        service_id="sid", group_id="group_id", state="state"))
+    if b.valid.groups.height or b.prop_groups.height:
+        groups = pl.concat([
+            b.valid.groups.join(b.accepted, on="seq").select(sid=real("target"), seq="seq", pos="pos",
+                                                              group_id="group_id", state="state"),
+            b.prop_groups.select(sid=real("sid"), seq="seq", pos="pos", group_id="group_id", state="state"),
+        ]).sort("seq", "pos")
+        changes.upsert("subscriptions", groups.group_by("sid", "group_id").agg(pl.col("state").last()).select(
+            service_id="sid", group_id="group_id", state="state"))
     # push tokens: the last owner of each token
-    tok_parts = pl.col("tkey").str.split_exact(SEP, 1)
-    changes.upsert("push_tokens", b.owner_tl.sort("tkey", "seq", "pos").group_by("tkey").agg(
-        pl.col("sid").last(), pl.col("device_id").last(), pl.col("seq").last(), pl.col("pos").last()
-    ).select(app_id=tok_parts.struct.field("field_0"), token=tok_parts.struct.field("field_1"),
-             device_id="device_id", service_id=real("sid"), update_seq=pl.col("seq") + gbase, pos="pos"))
+    if b.owner_tl.height:
+        tok_parts = pl.col("tkey").str.split_exact(SEP, 1)
+        changes.upsert("push_tokens", b.owner_tl.sort("tkey", "seq", "pos").group_by("tkey").agg(
+            pl.col("sid").last(), pl.col("device_id").last(), pl.col("seq").last(), pl.col("pos").last()
+        ).select(app_id=tok_parts.struct.field("field_0"), token=tok_parts.struct.field("field_1"),
+                 device_id="device_id", service_id=real("sid"), update_seq=pl.col("seq") + gbase, pos="pos"))
     # event and purchase logs
     for name, frame in (("events", b.valid.events), ("purchases", b.valid.purchases)):
-        changes.upsert(name, frame.join(b.accepted, on="seq").sort("seq").with_columns(
-            service_id=real("target"), update_seq=pl.col("seq") + gbase))
+        if frame.height:
+            changes.upsert(name, frame.join(b.accepted, on="seq").sort("seq").with_columns(
+                service_id=real("target"), update_seq=pl.col("seq") + gbase))
     return changes, state.next_profile_n + ids.height
 
 
