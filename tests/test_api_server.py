@@ -112,6 +112,8 @@ SCRIPT: list[tuple[str, str, Any, dict[str, str] | None]] = [
     ("PUT", "/preference_center/v1/public_url", {"public_url": "https://prefs.example.com"}, None),
     ("GET", "/campaigns/translations", None, {"campaign_id": "c1", "message_variation_id": "m1"}),
     ("GET", "/campaign/translations", None, {"campaign_id": "c1"}),
+    ("GET", "/subscription/status/get", None, {"subscription_group_id": "g1", "external_id": "ann,robert"}),
+    ("GET", "/subscription/user/status", None, {"external_id": "ann", "limit": "10"}),
     ("POST", "/scim/v2/Users", {"schemas": ["urn:ietf:params:scim:schemas:core:2.0:User"],
                                 "userName": "ann@example.com", "name": {"givenName": "Ann", "familyName": "Lee"},
                                 "department": "marketing", "permissions": {"companyPermissions": ["admin"]}}, None),

@@ -41,6 +41,9 @@ ENDPOINT_PERMISSIONS: dict[tuple[str, str], str] = {
     ("DELETE", "/catalogs/{catalog_name}/items"): "catalogs.delete_items",
     ("GET", "/campaigns/translations"): "campaigns.translations.get",
     ("GET", "/campaign/translations"): "campaigns.translations.get",
+    # the hosted API's names (issue 53)
+    ("GET", "/subscription/status/get"): "subscription.status.get",
+    ("GET", "/subscription/user/status"): "subscription.groups.get",
     ("POST", "/scim/v2/Users"): SCIM,
     ("GET", "/scim/v2/Users"): SCIM,
     ("GET", "/scim/v2/Users/{id}"): SCIM,

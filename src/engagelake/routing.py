@@ -16,7 +16,7 @@ import json
 import math
 import re
 import uuid
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import date, datetime, time
 from decimal import Decimal
@@ -102,7 +102,20 @@ def split_path(path: str) -> tuple[str, dict[str, Any]]:
     A path is a path, never a URL: `//[` or `//users/track` name no host (a URL parser would
     raise on the first and read `users` as a host in the second)."""
     path, _, query = path.partition("#")[0].partition("?")
-    return "/" + path.strip("/"), dict(parse_qsl(query, keep_blank_values=True))
+    return "/" + path.strip("/"), query_dict(parse_qsl(query, keep_blank_values=True))
+
+
+def query_dict(pairs: Iterable[tuple[str, str]]) -> dict[str, Any]:
+    """Query parameters as a handler reads them: a name written as a list (`external_id[]=1&
+    external_id[]=2`, as the hosted API's GETs take several users) gives every value, in order;
+    any other name its last value, as before."""
+    query: dict[str, Any] = {}
+    for name, value in pairs:
+        if name.endswith("[]"):
+            query.setdefault(name, []).append(value)
+        else:
+            query[name] = value
+    return query
 
 
 def printable(text: str) -> str:

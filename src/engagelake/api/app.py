@@ -41,7 +41,7 @@ from engagelake.resources.credentials import ApiKey, KeyRing
 from engagelake.resources.preference_centers import PREVIEW, link_key, refuse_link
 from engagelake.resources.scim import ERROR_SCHEMA
 from engagelake.routes import ROUTE_TABLE, ROUTER, route_of
-from engagelake.routing import Response, split_path
+from engagelake.routing import Response, query_dict, split_path
 from engagelake.workspace import Workspace
 
 MAX_BODY_BYTES = 10 * 1024 * 1024
@@ -321,7 +321,7 @@ def create_app(workspace: Workspace, *, rate_limits: dict[str, Limit] | None = D
                 return over_limit(method, path, pattern, shared, limiter.limits[limit].seconds)
             if not headers or int(shared["X-RateLimit-Remaining"]) < int(headers["X-RateLimit-Remaining"]):
                 headers = shared  # the headers of the limit nearer its end
-        query = dict(request.query_params)
+        query = query_dict(request.query_params.multi_items())
         if (method, pattern) == STAFF_PAGE and not await holds(request, LINK_PERMISSION):
             query[PREVIEW] = "true"  # its form would be a link: a preview, posting nowhere
         queued = {"method": method, "path": path, "body": body or None,  # no body: as `call` without one

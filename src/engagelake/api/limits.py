@@ -38,6 +38,8 @@ DEFAULT_LIMITS: dict[str, Limit] = {
     "catalogs": Limit(50, 60),  # GET and POST /catalogs, shared
     "catalog_items": Limit(16_000, 60),  # PUT and DELETE, shared
     "translations": Limit(250_000, 86_400),
+    # the hosted API's: among the endpoints sharing 250,000 requests per hour (issue 53)
+    "subscription_reads": Limit(250_000, 3_600),  # GET status/get and user/status, shared
     # not in the specification: a recipient's page and its form, counted per link (its token),
     # so that one leaked link cannot keep the writer busy; a person opens and saves a few times
     "recipient_page": Limit(60, 60),
@@ -80,6 +82,8 @@ LIMITED: dict[tuple[str, str], str] = {
     ("DELETE", "/catalogs/{catalog_name}/items"): "catalog_items",
     ("GET", "/campaigns/translations"): "translations",
     ("GET", "/campaign/translations"): "translations",
+    ("GET", "/subscription/status/get"): "subscription_reads",
+    ("GET", "/subscription/user/status"): "subscription_reads",
 }
 
 
