@@ -279,3 +279,35 @@ def test_over_http_as_through_call(ws: Workspace) -> None:
                        f"that GET {STATUS} needs"})
         assert send(client, "GET", STATUS, None, None, {"subscription_group_id": "g1"}).status_code == 401
         assert send(client, "POST", STATUS, {}, bearer(reader)).status_code == 405
+
+
+# --- the library's object and the CLI ----------------------------------------------------------------
+def test_the_library_and_the_cli_answer_as_the_endpoints(ws: Workspace, tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from engagelake.cli import app
+    from engagelake.errors import RequestError
+
+    track(ws, {"external_id": "x1", "subscription_groups": [group("g1", "subscribed"), group("g2", "unsubscribed")]})
+    assert ws.subscriptions.status("g1", external_ids=["x1", "ghost"]) == {"x1": "Subscribed", "ghost": "Unknown"}
+    assert ws.subscriptions.status("g1", emails=[E]) == status(ws, "g1", email=E)
+    assert [(u["external_id"], states(u)) for u in ws.subscriptions.of_users(external_ids=["x1"], limit=1)] \
+        == [("x1", {"g1": "subscribed"})]
+    with pytest.raises(RequestError, match="give at least one user"):
+        ws.subscriptions.status("g1")
+    ws.close()
+    store = str(tmp_path / "s")
+    runner = CliRunner()
+    printed = runner.invoke(app, ["subscriptions", "status", "--store", store, "--group", "g2",
+                                  "--external-id", "x1", "--external-id", "quiet"])
+    assert printed.exit_code == 0 and printed.stdout.splitlines() == ["x1\tUnsubscribed", "quiet\tUnknown"]
+    printed = runner.invoke(app, ["subscriptions", "user", "--store", store, "--external-id", "x1",
+                                  "--external-id", "quiet"])
+    assert printed.exit_code == 0 and printed.stdout.splitlines() == [
+        "x1\tsame@example.com\tg1\tsubscribed", "x1\tsame@example.com\tg2\tunsubscribed",
+        "quiet\tquiet@example.com\t-\t-"]
+    refused = runner.invoke(app, ["subscriptions", "status", "--store", store, "--group", "g1"])
+    assert refused.exit_code == 1 and "give at least one user" in refused.stderr
+    too_many = runner.invoke(app, ["subscriptions", "status", "--store", store, "--group", "g1",
+                                   *[arg for i in range(51) for arg in ("--external-id", f"u{i}")]])
+    assert too_many.exit_code == 1 and "too many external_id values: at most 50" in too_many.stderr

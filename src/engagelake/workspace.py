@@ -48,6 +48,7 @@ from engagelake.resources.catalogs import Catalogs
 from engagelake.resources.credentials import Credentials
 from engagelake.resources.preference_centers import PreferenceCenters
 from engagelake.resources.scim import Scim
+from engagelake.resources.subscriptions import Subscriptions
 from engagelake.routes import ROUTER
 from engagelake.routing import Context, Response, Routed, as_json, digest_line, printable
 from engagelake.rules import messages as M
@@ -686,6 +687,10 @@ class Workspace:
     @property
     def campaigns(self) -> Campaigns:
         return Campaigns(self)
+
+    @property
+    def subscriptions(self) -> Subscriptions:
+        return Subscriptions(self)
 
     @property
     def credentials(self) -> Credentials:

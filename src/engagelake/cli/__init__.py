@@ -20,7 +20,16 @@ from typing import Annotated
 
 import typer
 
-from engagelake.cli import credentials, ingest, link_keys, maintain, preference_centers, read, serve
+from engagelake.cli import (
+    credentials,
+    ingest,
+    link_keys,
+    maintain,
+    preference_centers,
+    read,
+    serve,
+    subscriptions,
+)
 
 __all__ = ["app"]
 
@@ -97,6 +106,15 @@ preference_centers_app = _group(
 preference_centers_app.command("create-default")(preference_centers.create_default)
 preference_centers_app.command("link")(preference_centers.link)
 app.add_typer(preference_centers_app, name="preference-centers")
+
+subscriptions_app = _group(
+    "Users' subscription group states, as GET /subscription/status/get and /subscription/user/status "
+    "answer them.\n\nEach command has its own --help.\n\nExample:\n"
+    "  engagelake subscriptions status --group news --external-id u1"
+)
+subscriptions_app.command("status")(subscriptions.status)
+subscriptions_app.command("user")(subscriptions.user)
+app.add_typer(subscriptions_app, name="subscriptions")
 
 link_keys_app = _group(link_keys.HELP)
 link_keys_app.command("rotate")(link_keys.rotate)

@@ -11,12 +11,13 @@ profile has none). The decisions are in `docs/semantics.md`, "Subscription group
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import polars as pl
 
-from engagelake.routing import Context, Handler, Request, Response
+from engagelake.resources.catalogs import raise_for_response
+from engagelake.routing import Client, Context, Handler, Request, Response
 from engagelake.rules.profile.validate import normalize_email, normalize_phone
 from engagelake.rules.state import State
 
@@ -195,3 +196,29 @@ ROUTES: dict[str, dict[str, Handler]] = {
     STATUS_GET: {"GET": status_get},
     USER_STATUS: {"GET": user_status},
 }
+
+
+class Subscriptions:
+    """Friendly methods over `Workspace.call` for subscription group states
+    (`ws.subscriptions`); a refused request raises RequestError with the endpoint's message."""
+
+    def __init__(self, ws: Client):
+        self.ws = ws
+
+    def status(self, group: str, *, external_ids: Sequence[str] = (), emails: Sequence[str] = (),
+               phones: Sequence[str] = ()) -> dict[str, str]:
+        """`GET /subscription/status/get`: each identifier's state in `group` (`Subscribed`,
+        `Unsubscribed`, `Unknown`), in the order given."""
+        query = {"subscription_group_id": group, **_users(external_ids, emails, phones)}
+        return dict(raise_for_response("GET", STATUS_GET, self.ws.call("GET", STATUS_GET, query=query))["status"])
+
+    def of_users(self, *, external_ids: Sequence[str] = (), emails: Sequence[str] = (), phones: Sequence[str] = (),
+                 limit: int = DEFAULT_LIMIT, offset: int = 0) -> list[dict[str, Any]]:
+        """`GET /subscription/user/status`: each matched user with its groups' states."""
+        query: dict[str, Any] = {**_users(external_ids, emails, phones), "limit": limit, "offset": offset}
+        return list(raise_for_response("GET", USER_STATUS, self.ws.call("GET", USER_STATUS, query=query))["users"])
+
+
+def _users(external_ids: Sequence[str], emails: Sequence[str], phones: Sequence[str]) -> dict[str, list[str]]:
+    given = {"external_id": list(external_ids), "email": list(emails), "phone": list(phones)}
+    return {kind: values for kind, values in given.items() if values}
