@@ -1,4 +1,5 @@
-"""In-memory reference model of the user endpoints: track, export and the identity endpoints.
+"""In-memory reference model of the user endpoints: track, export, the identity endpoints and
+the subscription group writes.
 
 This is the oracle the property tests run beside the vectorized engine. It is deliberately plain:
 profiles are dicts in a list, every object is processed one at a time, in the documented order
@@ -27,6 +28,7 @@ from collections.abc import Callable
 from datetime import UTC, date, datetime, timedelta, timezone
 from typing import Any
 
+from engagelake.resources import subscription_writes as sw
 from engagelake.rules import messages as m
 from engagelake.rules.reference import COUNTRY_CODES, LANGUAGE_CODES
 
@@ -48,7 +50,15 @@ IDENTITY_PATHS = (
     ALIAS_UPDATE_PATH,
     DELETE_PATH,
 )
-ENDPOINTS = {path: ("POST",) for path in (TRACK_PATH, EXPORT_PATH, *IDENTITY_PATHS)}
+# the subscription group writes of the hosted API (issue 53, docs/semantics.md)
+SUBSCRIPTION_SET_PATH = "/subscription/status/set"
+SUBSCRIPTION_SET_V2_PATH = "/v2/subscription/status/set"
+ENDPOINTS = {
+    path: ("POST",)
+    for path in (TRACK_PATH, EXPORT_PATH, *IDENTITY_PATHS, SUBSCRIPTION_SET_PATH, SUBSCRIPTION_SET_V2_PATH)
+}
+MAX_SUBSCRIPTION_USERS = 50  # of each kind, per entry
+MAX_SUBSCRIPTION_ENTRIES = 50  # of a v2 request
 
 MAX_IDENTITY_ITEMS = 50
 # Profile fields a merge copies where the target has none (docs/identity.md, merge).
@@ -606,6 +616,8 @@ class Model:
             ALIAS_NEW_PATH: self._alias_new,
             ALIAS_UPDATE_PATH: self._alias_update,
             DELETE_PATH: self._delete,
+            SUBSCRIPTION_SET_PATH: self._subscription_set,
+            SUBSCRIPTION_SET_V2_PATH: self._subscription_set_v2,
         }[path]
         if not isinstance(body, dict):
             return 400, {"message": m.BODY_NOT_OBJECT}
@@ -1336,6 +1348,99 @@ class Model:
         if invalid:
             out["invalid_user_ids"] = invalid
         return 200, out
+
+    # -- subscription group writes ---------------------------------------------------------------
+
+    @staticmethod
+    def _subscription_entry(entry: dict, fields: dict[str, str], where: str) -> tuple[str | None, Any]:
+        """(error, None) or (None, (group, state, {kind: identifiers}))."""
+        group = entry.get("subscription_group_id")
+        if not isinstance(group, str) or not group.strip():
+            return sw.ERR_GROUP.format(where=where), None
+        state = entry.get("subscription_state")
+        if state not in ("subscribed", "unsubscribed"):
+            return sw.ERR_STATE.format(where=where), None
+        double_opt_in = entry.get("use_double_opt_in_logic")
+        if double_opt_in is not None and not isinstance(double_opt_in, bool):
+            return sw.ERR_DOUBLE_OPT_IN.format(where=where), None
+        users: dict[str, list[str]] = {}
+        for kind, field in fields.items():
+            given = entry.get(field)
+            items = [] if given is None else given if isinstance(given, list) else [given]
+            if any(not isinstance(v, str) or not v.strip() for v in items):
+                return sw.ERR_VALUES.format(where=where, field=field), None
+            values = list(dict.fromkeys(items))
+            if len(values) > MAX_SUBSCRIPTION_USERS:
+                most = MAX_SUBSCRIPTION_USERS
+                return sw.ERR_TOO_MANY.format(where=where, field=field, most=most, count=len(values)), None
+            users[kind] = values
+        if users["email"] and users["phone"]:
+            return sw.ERR_EMAIL_AND_PHONE, None
+        if not any(users.values()):
+            return sw.ERR_NO_USER.format(where=where, fields=", ".join(fields.values())), None
+        return None, (group, state, users)
+
+    def _subscription_objects(self, group: str, state: str, users: dict[str, list[str]]) -> list[dict]:
+        """The track attribute objects of one entry: each current user named, once, in the
+        order named (external IDs, then emails, then phones; an address's holders by creation),
+        by its primary external ID when an external ID named it, else by service_id."""
+        named: list[tuple[str, dict]] = []
+        seen: set[int] = set()
+        for kind in ("external_id", "email", "phone"):
+            for v in users[kind]:
+                if kind == "external_id":
+                    found = [p for p in self.profiles if _holds_external_id(p, v)]
+                else:
+                    key = normalize_email(v) if kind == "email" else normalize_phone(v)
+                    found = [p for p in self.profiles if key is not None and p["fields"].get(kind) == key]
+                for p in found:
+                    if p["n"] not in seen:
+                        seen.add(p["n"])
+                        named.append((kind, p))
+        groups = [{"subscription_group_id": group, "subscription_state": state}]
+        return [
+            {"external_id": p["external_id"], "subscription_groups": groups}
+            if kind == "external_id" and p["external_id"] is not None
+            else {"service_id": p["service_id"], "subscription_groups": groups}
+            for kind, p in named
+        ]
+
+    def _subscription_write(self, entries: list[tuple[str, str, dict]]) -> tuple[int, dict]:
+        # every entry resolved before any is written: a state names no one anew
+        objects = [obj for group, state, users in entries for obj in self._subscription_objects(group, state, users)]
+        for obj in objects:
+            assert self._track_object("attributes", obj) is None
+        return 201, {"message": "success"}
+
+    def _subscription_set(self, body: dict) -> tuple[int, dict]:
+        fields = {"external_id": "external_id", "email": "email", "phone": "phone"}
+        err, entry = self._subscription_entry(body, fields, "")
+        if err is not None:
+            return 400, {"message": err}
+        return self._subscription_write([entry])
+
+    def _subscription_set_v2(self, body: dict) -> tuple[int, dict]:
+        entries = body.get("subscription_groups")
+        if not isinstance(entries, list) or not 1 <= len(entries) <= MAX_SUBSCRIPTION_ENTRIES:
+            return 400, {"message": sw.ERR_ENTRIES.format(most=MAX_SUBSCRIPTION_ENTRIES)}
+        fields = {"external_id": "external_ids", "email": "emails", "phone": "phones"}
+        checked = []
+        for i, entry in enumerate(entries):
+            if not isinstance(entry, dict):
+                return 400, {"message": sw.ERR_ENTRY.format(index=i)}
+            err, one = self._subscription_entry(entry, fields, f"subscription_groups[{i}]: ")
+            if err is not None:
+                return 400, {"message": err}
+            checked.append(one)
+        return self._subscription_write(checked)
+
+    def subscription_states(self) -> list[tuple[str, str, str]]:
+        """(service_id, group, state) of every live profile, sorted."""
+        return sorted(
+            (p["service_id"], group, state)
+            for p in self.profiles
+            for group, state in p["subscription_groups"].items()
+        )
 
     def export_users(self, fields_to_export: list[str] | None = None) -> list[dict]:
         """Every user in creation order, shaped like an export (all fields when None).

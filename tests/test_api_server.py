@@ -114,6 +114,10 @@ SCRIPT: list[tuple[str, str, Any, dict[str, str] | None]] = [
     ("GET", "/campaign/translations", None, {"campaign_id": "c1"}),
     ("GET", "/subscription/status/get", None, {"subscription_group_id": "g1", "external_id": "ann,robert"}),
     ("GET", "/subscription/user/status", None, {"external_id": "ann", "limit": "10"}),
+    ("POST", "/subscription/status/set", {"subscription_group_id": "g1", "subscription_state": "subscribed",
+                                          "external_id": ["ann", "ghost"]}, None),
+    ("POST", "/v2/subscription/status/set", {"subscription_groups": [
+        {"subscription_group_id": "g2", "subscription_state": "unsubscribed", "emails": ["ann@example.com"]}]}, None),
     ("POST", "/scim/v2/Users", {"schemas": ["urn:ietf:params:scim:schemas:core:2.0:User"],
                                 "userName": "ann@example.com", "name": {"givenName": "Ann", "familyName": "Lee"},
                                 "department": "marketing", "permissions": {"companyPermissions": ["admin"]}}, None),

@@ -35,6 +35,8 @@ from tests.model import (
     MERGE_PATH,
     REMOVE_PATH,
     RENAME_PATH,
+    SUBSCRIPTION_SET_PATH,
+    SUBSCRIPTION_SET_V2_PATH,
     TRACK_PATH,
     Model,
     service_id_for,
@@ -724,8 +726,59 @@ def delete_bodies(draw: st.DrawFn) -> Any:
     return body
 
 
+def subscription_users(draw: st.DrawFn, plural: bool) -> dict:
+    """The users of one status/set entry: external IDs (deprecated, unknown and blocked ones
+    among them), and emails or phones (in any spelling, invalid ones too)."""
+    users: dict[str, Any] = {}
+    name = "s" if plural else ""
+    if draw(st.booleans()):
+        ids = draw(lists(pick([*EXTERNAL_IDS, "nobody", BLOCKED_IDS[0]])))
+        users[f"external_id{name}"] = ids if plural or len(ids) > 1 else draw(pick([ids, ids[0]]))
+    kind = draw(pick(["email", "phone", None]))
+    if kind is not None or not users:
+        kind = kind or "email"
+        values = draw(lists(pick([*(EMAILS if kind == "email" else PHONES), BAD_EMAIL if kind == "email" else BAD_PHONE])))
+        users[f"{kind}{name}"] = values if plural or len(values) > 1 else draw(pick([values, values[0]]))
+    return users
+
+
+@st.composite
+def subscription_entries(draw: st.DrawFn, plural: bool) -> Any:
+    entry = {
+        "subscription_group_id": draw(pick(["g1", "g2", "g3"])),
+        "subscription_state": draw(pick(["subscribed", "unsubscribed"])),
+        **subscription_users(draw, plural),
+    }
+    broken = draw(DEFECT)
+    if broken == 0:
+        entry["subscription_group_id"] = draw(pick(["", 7, None]))
+    elif broken == 1:
+        entry["subscription_state"] = draw(pick(["Subscribed", "opted_in", None]))
+    elif broken == 2:
+        entry["email" + ("s" if plural else "")] = EMAILS[:1]
+        entry["phone" + ("s" if plural else "")] = PHONES[:1]
+    elif broken == 3:
+        entry = {k: v for k, v in entry.items() if k.startswith("subscription_")}
+    elif broken == 4:
+        entry["external_id" + ("s" if plural else "")] = draw(pick([[""], ["u1", 5], 5, [f"u{i}" for i in range(51)]]))
+    elif broken == 5:
+        entry["use_double_opt_in_logic"] = draw(pick([True, False, "yes"]))
+    return entry
+
+
+@st.composite
+def subscription_set_v2_bodies(draw: st.DrawFn) -> Any:
+    entries = draw(lists(subscription_entries(plural=True)))
+    broken = draw(DEFECT)
+    if broken == 0:
+        return draw(pick([{}, {"subscription_groups": []}, {"subscription_groups": ["g1"]}, []]))
+    return {"subscription_groups": entries}
+
+
 requests = weighted(
     (12, track_bodies().map(post(TRACK_PATH))),
+    (3, subscription_entries(plural=False).map(post(SUBSCRIPTION_SET_PATH))),
+    (2, subscription_set_v2_bodies().map(post(SUBSCRIPTION_SET_V2_PATH))),
     (1, fatal_track_bodies().map(post(TRACK_PATH))),
     (4, export_bodies().map(post(EXPORT_PATH))),
     (5, merge_bodies().map(post(MERGE_PATH))),
@@ -937,6 +990,14 @@ def assert_same(actual: Any, expected: Any, what: str) -> None:
             )
         )
         raise AssertionError(f"{what}: engine differs from model\n{diff[:6000]}")
+
+
+def assert_same_users(ws: Any, model: Model, what: str) -> None:
+    """Every user as export shows it, and every subscription group state."""
+    assert_same(ws.export_users(), model.export_users(), f"{what}: export_users()")
+    states = ws.sql("SELECT service_id, group_id, state FROM subscriptions ORDER BY ALL").rows()
+    assert_same([list(row) for row in states], [list(row) for row in model.subscription_states()],
+                f"{what}: subscription group states")
 
 
 def response_pair(response: Any) -> tuple[int, Any]:
@@ -1274,7 +1335,7 @@ def test_call_mode_matches_model(reqs: list[dict]) -> None:
                 want = model.call(r["method"], r["path"], copy.deepcopy(r["body"]))
                 got = ws.call(r["method"], r["path"], body=copy.deepcopy(r["body"]))
                 assert_same(response_pair(got), want, f"response to request {i}")
-            assert_same(ws.export_users(), model.export_users(), "final export_users()")
+            assert_same_users(ws, model, "final")
         finally:
             close(ws)
 
@@ -1294,7 +1355,7 @@ def test_apply_mode_matches_model(reqs: list[dict]) -> None:
             assert len(got) == len(reqs)
             for i, (g, w) in enumerate(zip(got, want, strict=True)):
                 assert_same(response_pair(g), w, f"response to request {i}")
-            assert_same(ws.export_users(), model.export_users(), "final export_users()")
+            assert_same_users(ws, model, "final")
         finally:
             close(ws)
 
@@ -1318,7 +1379,7 @@ def test_apply_with_staged_passes_matches_model(reqs: list[dict]) -> None:
             assert len(got) == len(reqs)
             for i, (g, w) in enumerate(zip(got, want, strict=True)):
                 assert_same(response_pair(g), w, f"response to request {i}")
-            assert_same(ws.export_users(), model.export_users(), "final export_users()")
+            assert_same_users(ws, model, "final")
         finally:
             batch_module.STAGE_ROWS, batch_module.TRACK_RUN_MAX, batch_module.READ_AHEAD_MIN_ROWS = limits
             close(ws)
@@ -1346,7 +1407,7 @@ def test_apply_in_chunks_matches_model(reqs: list[dict], data: st.DataObject) ->
             assert len(got) == len(reqs)
             for i, (g, w) in enumerate(zip(got, want, strict=True)):
                 assert_same(response_pair(g), w, f"response to request {i}")
-            assert_same(ws.export_users(), model.export_users(), "final export_users()")
+            assert_same_users(ws, model, "final")
         finally:
             close(ws)
 
@@ -1385,8 +1446,8 @@ def test_layered_workspace_matches_model(reqs: list[dict], data: st.DataObject) 
                     ws = layered()
             for i, (g, w) in enumerate(zip(got, want, strict=True)):
                 assert_same(response_pair(g), w, f"response to request {i}")
-            assert_same(ws.export_users(), model.export_users(), "final export_users(), through the layer")
+            assert_same_users(ws, model, "final, through the layer")
             ws.close()
-            assert_same(new_engine(tmp).export_users(), model.export_users(), "final export_users(), flushed")
+            assert_same_users(new_engine(tmp), model, "final, flushed")
         finally:
             close(ws)

@@ -33,7 +33,8 @@ from engagelake import Response, Workspace
 from engagelake.api import pages as http_pages
 from engagelake.resources import pages
 from engagelake.resources import preference_centers as P
-from engagelake.resources.preference_terms import ERR_TEMPLATE, ERR_TEMPLATE_SIZE, _Refused
+from engagelake.resources.preference_terms import ERR_TEMPLATE, ERR_TEMPLATE_SIZE
+from engagelake.resources.refusals import Refused
 from engagelake.rules.state import Changes
 
 BASE_URL = "https://prefs.example.com"
@@ -99,7 +100,7 @@ def test_an_opener_that_is_never_closed_is_refused_before_liquid_reads_it() -> N
     for source, error, line in [("<p>\n{{ first_name\n</p>" + "{{" * 1000, "'{{' is never closed: no '}}' follows it", 2),
                                 ("{% if a" * 1000, "'{%' is never closed: no '%}' follows it", 1),
                                 ("{% raw %}" * 1000, "'{% raw %}' is never closed: no '{% endraw %}' follows it", 1)]:
-        with pytest.raises(_Refused) as caught:
+        with pytest.raises(Refused) as caught:
             pages.check_template(FIELD, source)
         assert caught.value.response == Response(400, refused(error, line))
 
@@ -109,7 +110,7 @@ def test_an_opener_that_is_never_closed_is_refused_before_liquid_reads_it() -> N
 BOUNDED_SCRIPT = textwrap.dedent("""
     import json, sys, time
     from engagelake.resources import pages
-    from engagelake.resources.preference_terms import _Refused
+    from engagelake.resources.refusals import Refused
 
     N = 128 * 1024 - 256
     def rep(unit, size=N):
@@ -138,7 +139,7 @@ BOUNDED_SCRIPT = textwrap.dedent("""
         try:
             pages.check_template("page", source)
             outcome = "ok"
-        except _Refused as refusal:
+        except Refused as refusal:
             outcome = refusal.response.body["message"]
         except Exception as error:
             outcome = "raised " + type(error).__name__

@@ -44,6 +44,8 @@ ENDPOINT_PERMISSIONS: dict[tuple[str, str], str] = {
     # the hosted API's names (issue 53)
     ("GET", "/subscription/status/get"): "subscription.status.get",
     ("GET", "/subscription/user/status"): "subscription.groups.get",
+    ("POST", "/subscription/status/set"): "subscription.status.set",
+    ("POST", "/v2/subscription/status/set"): "subscription.status.set",
     ("POST", "/scim/v2/Users"): SCIM,
     ("GET", "/scim/v2/Users"): SCIM,
     ("GET", "/scim/v2/Users/{id}"): SCIM,

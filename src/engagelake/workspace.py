@@ -48,7 +48,7 @@ from engagelake.resources.catalogs import Catalogs
 from engagelake.resources.credentials import Credentials
 from engagelake.resources.preference_centers import PreferenceCenters
 from engagelake.resources.scim import Scim
-from engagelake.resources.subscriptions import Subscriptions
+from engagelake.resources.subscription_writes import SubscriptionGroups
 from engagelake.routes import ROUTER
 from engagelake.routing import Context, Response, Routed, as_json, digest_line, printable
 from engagelake.rules import messages as M
@@ -689,8 +689,8 @@ class Workspace:
         return Campaigns(self)
 
     @property
-    def subscriptions(self) -> Subscriptions:
-        return Subscriptions(self)
+    def subscriptions(self) -> SubscriptionGroups:
+        return SubscriptionGroups(self)
 
     @property
     def credentials(self) -> Credentials:

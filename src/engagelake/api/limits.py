@@ -40,6 +40,7 @@ DEFAULT_LIMITS: dict[str, Limit] = {
     "translations": Limit(250_000, 86_400),
     # the hosted API's: among the endpoints sharing 250,000 requests per hour (issue 53)
     "subscription_reads": Limit(250_000, 3_600),  # GET status/get and user/status, shared
+    "subscription_writes": Limit(5_000, 60),  # POST status/set and v2, shared
     # not in the specification: a recipient's page and its form, counted per link (its token),
     # so that one leaked link cannot keep the writer busy; a person opens and saves a few times
     "recipient_page": Limit(60, 60),
@@ -84,6 +85,8 @@ LIMITED: dict[tuple[str, str], str] = {
     ("GET", "/campaign/translations"): "translations",
     ("GET", "/subscription/status/get"): "subscription_reads",
     ("GET", "/subscription/user/status"): "subscription_reads",
+    ("POST", "/subscription/status/set"): "subscription_writes",
+    ("POST", "/v2/subscription/status/set"): "subscription_writes",
 }
 
 

@@ -108,12 +108,13 @@ preference_centers_app.command("link")(preference_centers.link)
 app.add_typer(preference_centers_app, name="preference-centers")
 
 subscriptions_app = _group(
-    "Users' subscription group states, as GET /subscription/status/get and /subscription/user/status "
-    "answer them.\n\nEach command has its own --help.\n\nExample:\n"
+    "Users' subscription group states: read them as GET /subscription/status/get and "
+    "/subscription/user/status answer them, set them as POST /subscription/status/set does.\n\nEach command has its own --help.\n\nExample:\n"
     "  engagelake subscriptions status --group news --external-id u1"
 )
 subscriptions_app.command("status")(subscriptions.status)
 subscriptions_app.command("user")(subscriptions.user)
+subscriptions_app.command("set")(subscriptions.set_state)
 app.add_typer(subscriptions_app, name="subscriptions")
 
 link_keys_app = _group(link_keys.HELP)

@@ -1,5 +1,6 @@
 """`engagelake subscriptions`: users' subscription group states, as the hosted API's reads
-answer them (`GET /subscription/status/get`, `GET /subscription/user/status`)."""
+answer them (`GET /subscription/status/get`, `GET /subscription/user/status`) and its write sets
+them (`POST /subscription/status/set`)."""
 
 from __future__ import annotations
 
@@ -59,3 +60,26 @@ def user(
         who = f"{found['external_id'] or '-'}\t{found['email'] or '-'}"
         for group in found["subscription_groups"] or [{"subscription_group_id": "-", "subscription_status": "-"}]:
             typer.echo(f"{who}\t{group['subscription_group_id']}\t{group['subscription_status']}")
+
+
+def set_state(
+    group: Annotated[str, typer.Option(help="The subscription group's ID.")],
+    state: Annotated[str, typer.Option(help="subscribed or unsubscribed.")],
+    external_id: ExternalIds = None,
+    email: Emails = None,
+    phone: Phones = None,
+    store: Store = DEFAULT_STORE,
+) -> None:
+    """Set one group's state for the users named, as POST /subscription/status/set does.
+
+    Give external IDs, and emails or phones (at most 50 of a kind). Unknown users are not created.
+
+    Example:
+      engagelake subscriptions set --group news --state subscribed --email a@b.co
+    """
+    if not (external_id or email or phone):
+        fail("give at least one user: --external-id, --email or --phone")
+    with input_errors():
+        open_existing(store).subscriptions.set(group, state, external_ids=external_id or [], emails=email or [],
+                                               phones=phone or [])
+    typer.echo(f"{group}: {state}")

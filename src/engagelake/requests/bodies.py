@@ -223,6 +223,30 @@ class ScimUserRequest(_Open):
     permissions: dict[str, Any]
 
 
+class SubscriptionStatusSetRequest(_Closed):
+    """One group's state for users: external IDs, and emails or phones (not both)."""
+
+    subscription_group_id: str
+    subscription_state: Literal["subscribed", "unsubscribed"]
+    external_id: str | list[str] | None = Field(None, description="at most 50")
+    email: str | list[str] | None = Field(None, description="at most 50")
+    phone: str | list[str] | None = Field(None, description="at most 50, E.164")
+    use_double_opt_in_logic: bool | None = None
+
+
+class SubscriptionGroupEntry(_Closed):
+    subscription_group_id: str
+    subscription_state: Literal["subscribed", "unsubscribed"]
+    external_ids: list[str] | None = Field(None, description="at most 50")
+    emails: list[str] | None = Field(None, description="at most 50")
+    phones: list[str] | None = Field(None, description="at most 50, E.164")
+    use_double_opt_in_logic: bool | None = None
+
+
+class SubscriptionStatusSetV2Request(_Closed):
+    subscription_groups: list[SubscriptionGroupEntry] = Field(description="1 to 50, written in order")
+
+
 # (method, route pattern) -> the model of its body
 REQUEST_BODIES: dict[tuple[str, str], type[BaseModel]] = {
     ("POST", "/users/track"): TrackRequest,
@@ -241,4 +265,6 @@ REQUEST_BODIES: dict[tuple[str, str], type[BaseModel]] = {
     ("DELETE", "/catalogs/{catalog_name}/items"): CatalogItemIdsRequest,
     ("POST", "/scim/v2/Users"): ScimUserRequest,
     ("PUT", "/scim/v2/Users/{id}"): ScimUserRequest,
+    ("POST", "/subscription/status/set"): SubscriptionStatusSetRequest,
+    ("POST", "/v2/subscription/status/set"): SubscriptionStatusSetV2Request,
 }

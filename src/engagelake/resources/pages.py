@@ -43,8 +43,8 @@ from engagelake.resources.preference_terms import (
     FIELD_GROUP_PREFIX,
     GLOBAL_KEY,
     LINK_KEYS,
-    _Refused,
 )
+from engagelake.resources.refusals import Refused
 
 
 # --- templates --------------------------------------------------------------------------------
@@ -500,12 +500,12 @@ def check_template(field: str, source: str) -> None:
     unknown filters are refused when the center is saved rather than when a user opens it;
     a page over MAX_TEMPLATE_CHARS, or whose render reaches a limit, is refused too."""
     if len(source) > MAX_TEMPLATE_CHARS:
-        raise _Refused(400, ERR_TEMPLATE_SIZE.format(field=field, size=len(source), most=MAX_TEMPLATE_CHARS))
+        raise Refused(400, ERR_TEMPLATE_SIZE.format(field=field, size=len(source), most=MAX_TEMPLATE_CHARS))
     try:
         render_source(source, user_variables(None, {}, "#"))
     except LiquidError as err:
         message, line = describe_error(err)
-        raise _Refused(400, ERR_TEMPLATE.format(field=field, error=message, line=line)) from None
+        raise Refused(400, ERR_TEMPLATE.format(field=field, error=message, line=line)) from None
 
 
 def user_variables(profile: dict[str, Any] | None, groups: dict[str, str], submit_url: str) -> dict[str, Any]:
@@ -559,5 +559,5 @@ def render_html(center: dict[str, Any], source: str, variables: dict[str, Any]) 
         html = render_source(source, variables)
     except LiquidError as err:
         message, _ = describe_error(err)
-        raise _Refused(422, ERR_RENDER.format(center_id=center["center_id"], error=message)) from None
+        raise Refused(422, ERR_RENDER.format(center_id=center["center_id"], error=message)) from None
     return add_head(html, center)

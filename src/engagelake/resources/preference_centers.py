@@ -15,7 +15,6 @@ from __future__ import annotations
 import hashlib
 import re
 import uuid
-from collections.abc import Callable
 from datetime import datetime, timedelta
 from html import escape as html_escape
 from pathlib import Path
@@ -38,7 +37,6 @@ from engagelake.resources.preference_terms import (
     FIELD_GLOBAL,
     FIELD_GROUP_PREFIX,
     LINK_KEYS,
-    _Refused,
 )
 from engagelake.resources.preference_tokens import ERR_TOKEN as ERR_TOKEN
 from engagelake.resources.preference_tokens import ERR_TOKEN_CENTER as ERR_TOKEN_CENTER
@@ -51,6 +49,7 @@ from engagelake.resources.preference_tokens import format_time as format_time
 from engagelake.resources.preference_tokens import read_token as read_token
 from engagelake.resources.preference_tokens import sign_token as sign_token
 from engagelake.resources.preference_tokens import unb64 as unb64
+from engagelake.resources.refusals import Refused, answering
 from engagelake.routing import Client, Context, Handler, Request, Response
 from engagelake.rules.state import Changes
 
@@ -117,16 +116,6 @@ class PreferenceCenterError(RequestError):
         super().__init__(f"{status}: {body}", status, body)
 
 
-def answering(handler: Callable[[Context, Request], Response]) -> Handler:
-    """A handler whose `_Refused` errors become their responses."""
-
-    def run(ctx: Context, req: Request) -> Response:
-        try:
-            return handler(ctx, req)
-        except _Refused as refused:
-            return refused.response
-
-    return run
 
 
 def pages() -> ModuleType:
@@ -144,7 +133,7 @@ def ring_of(keys: LinkKeys) -> Ring:
     try:
         return keys.ring()
     except ConfigError as error:
-        raise _Refused(500, str(error)) from None
+        raise Refused(500, str(error)) from None
 
 
 def new_token(ctx: Context, center_id: str, service_id: str, expires: datetime) -> str:
@@ -152,7 +141,7 @@ def new_token(ctx: Context, center_id: str, service_id: str, expires: datetime) 
     try:
         key = ctx.link_keys.signing_key(ctx.clock)
     except ConfigError as error:
-        raise _Refused(500, str(error)) from None
+        raise Refused(500, str(error)) from None
     return sign_token(key, center_id, service_id, ctx.clock, expires)
 
 
@@ -169,7 +158,7 @@ def refuse_link(keys: LinkKeys, center_id: str, token: Any, now: datetime) -> tu
     queueing it (only the key ring is needed)."""
     try:
         read_token(ring_of(keys), token, center_id, now)
-    except _Refused as refused:
+    except Refused as refused:
         return refused.response.status, refused.response.body["message"]
     return None
 
@@ -180,7 +169,7 @@ def link_key(keys: LinkKeys, center_id: str, token: Any, now: datetime) -> str |
     `refuse_link` refuses."""
     try:
         service_id, expires = read_token(ring_of(keys), token, center_id, now)
-    except _Refused:
+    except Refused:
         return None
     return f"{center_id}|{service_id}|{int(expires.timestamp())}"
 
@@ -200,7 +189,7 @@ def check_base_url(url: Any, field: str) -> str:
     """An absolute http(s) URL without query or fragment, without its trailing slash."""
     parts = urlsplit(url) if isinstance(url, str) else None
     if parts is None or parts.scheme not in ("http", "https") or not parts.netloc or parts.query or parts.fragment:
-        raise _Refused(400, ERR_BASE_URL.format(field=field))
+        raise Refused(400, ERR_BASE_URL.format(field=field))
     return url.rstrip("/")
 
 
@@ -214,20 +203,20 @@ def public_url(ctx: Context) -> str | None:
 def check_body(body: Any, *, creating: bool) -> dict[str, Any]:
     """The fields of a create or update body, validated (400 naming the first problem)."""
     if not isinstance(body, dict):
-        raise _Refused(400, ERR_BODY_NOT_OBJECT)
+        raise Refused(400, ERR_BODY_NOT_OBJECT)
     for field in body:
         if field not in BODY_FIELDS:
-            raise _Refused(400, ERR_UNKNOWN_FIELD.format(field=field))
+            raise Refused(400, ERR_UNKNOWN_FIELD.format(field=field))
     for field in TEXT_FIELDS:
         if field not in body:
             if creating:
-                raise _Refused(400, ERR_MISSING_FIELD.format(field=field))
+                raise Refused(400, ERR_MISSING_FIELD.format(field=field))
             continue
         value = body[field]
         if not isinstance(value, str) or not value.strip():
-            raise _Refused(400, ERR_TEXT_FIELD.format(field=field))
+            raise Refused(400, ERR_TEXT_FIELD.format(field=field))
     if "state" in body and body["state"] not in STATES:
-        raise _Refused(400, ERR_STATE)
+        raise Refused(400, ERR_STATE)
     if "options" in body:
         check_options(body["options"])
     for field in ("preference_center_page_html", "confirmation_page_html"):
@@ -238,54 +227,54 @@ def check_body(body: Any, *, creating: bool) -> dict[str, Any]:
 
 def check_options(options: Any) -> None:
     if not isinstance(options, dict):
-        raise _Refused(400, ERR_OPTIONS)
+        raise Refused(400, ERR_OPTIONS)
     for key in options:
         if key not in OPTION_KEYS:
-            raise _Refused(400, ERR_OPTION_KEY.format(key=key))
+            raise Refused(400, ERR_OPTION_KEY.format(key=key))
     if "meta-viewport-content" in options and not isinstance(options["meta-viewport-content"], str):
-        raise _Refused(400, ERR_VIEWPORT)
+        raise Refused(400, ERR_VIEWPORT)
     links = options.get("links-tags", [])
     if not isinstance(links, list):
-        raise _Refused(400, ERR_LINKS)
+        raise Refused(400, ERR_LINKS)
     for i, link in enumerate(links):
         check_link(i, link)
 
 
 def check_link(i: int, link: Any) -> None:
     if not isinstance(link, dict):
-        raise _Refused(400, ERR_LINK.format(i=i))
+        raise Refused(400, ERR_LINK.format(i=i))
     for key in link:
         if key not in LINK_KEYS:
-            raise _Refused(400, ERR_LINK_KEY.format(i=i, key=key))
+            raise Refused(400, ERR_LINK_KEY.format(i=i, key=key))
     if link.get("rel") not in LINK_RELS:
-        raise _Refused(400, ERR_LINK_REL.format(i=i))
+        raise Refused(400, ERR_LINK_REL.format(i=i))
     if "type" in link and link["type"] not in LINK_TYPES:
-        raise _Refused(400, ERR_LINK_TYPE.format(i=i))
+        raise Refused(400, ERR_LINK_TYPE.format(i=i))
     for key in ("sizes", "color"):
         if key in link and not isinstance(link[key], str):
-            raise _Refused(400, ERR_LINK_TEXT.format(i=i, key=key))
+            raise Refused(400, ERR_LINK_TEXT.format(i=i, key=key))
     href = link.get("href")
     if not isinstance(href, str) or not href.strip():
-        raise _Refused(400, ERR_LINK_HREF.format(i=i))
+        raise Refused(400, ERR_LINK_HREF.format(i=i))
 
 
 def check_form(fields: Any, declared: list[str]) -> tuple[str | None, list[dict[str, str]]]:
     """(new global email state or None, subscription group updates) of a submitted form; only
     the fields the page declares are accepted."""
     if not isinstance(fields, dict):
-        raise _Refused(400, ERR_FORM_NOT_OBJECT)
+        raise Refused(400, ERR_FORM_NOT_OBJECT)
     global_state, groups = None, []
     for field, value in fields.items():
         if field not in declared:
             shown = ", ".join(declared) or "no form fields"
-            raise _Refused(400, ERR_FORM_FIELD.format(field=field, declared=shown))
+            raise Refused(400, ERR_FORM_FIELD.format(field=field, declared=shown))
         if field == FIELD_GLOBAL:
             if value not in GLOBAL_STATES:
-                raise _Refused(400, ERR_FORM_GLOBAL_VALUE.format(field=field))
+                raise Refused(400, ERR_FORM_GLOBAL_VALUE.format(field=field))
             global_state = value
             continue
         if value not in GROUP_STATES:
-            raise _Refused(400, ERR_FORM_GROUP_VALUE.format(field=field))
+            raise Refused(400, ERR_FORM_GROUP_VALUE.format(field=field))
         group_id = field.removeprefix(FIELD_GROUP_PREFIX)
         groups.append({"subscription_group_id": group_id, "subscription_state": value})
     return global_state, groups
@@ -296,7 +285,7 @@ def find_center(ctx: Context, center_id: str) -> dict[str, Any]:
     centers = ctx.state["preference_centers"]
     rows = centers.filter(pl.col("center_id") == center_id).to_dicts()
     if not rows:
-        raise _Refused(404, ERR_NOT_FOUND.format(center_id=center_id))
+        raise Refused(404, ERR_NOT_FOUND.format(center_id=center_id))
     return rows[0]
 
 
@@ -304,7 +293,7 @@ def check_name_free(ctx: Context, name: str, center_id: str | None) -> None:
     centers = ctx.state["preference_centers"]
     taken = centers.filter((pl.col("name") == name) & (pl.col("center_id") != (center_id or "")))
     if taken.height:
-        raise _Refused(400, ERR_NAME_TAKEN.format(name=name, center_id=taken["center_id"][0]))
+        raise Refused(400, ERR_NAME_TAKEN.format(name=name, center_id=taken["center_id"][0]))
 
 
 def new_center_id(ctx: Context, name: str) -> str:
@@ -340,7 +329,7 @@ def user_of_query(ctx: Context, query: dict[str, Any]) -> dict[str, Any]:
     """The profile named by `external_id` (current or deprecated) or `service_id` (404 if none)."""
     given = [k for k in ("external_id", "service_id") if k in query]
     if len(given) != 1 or not isinstance(query[given[0]], str):
-        raise _Refused(400, ERR_USER_QUERY)
+        raise Refused(400, ERR_USER_QUERY)
     kind, value = given[0], query[given[0]]
     service_id: str | None = value
     if kind == "external_id":
@@ -348,7 +337,7 @@ def user_of_query(ctx: Context, query: dict[str, Any]) -> dict[str, Any]:
         service_id = ids["service_id"][0] if ids.height else None
     profile = find_profile(ctx, service_id) if service_id else None
     if profile is None:
-        raise _Refused(404, ERR_USER_NOT_FOUND.format(kind=kind, value=value))
+        raise Refused(404, ERR_USER_NOT_FOUND.format(kind=kind, value=value))
     return profile
 
 
@@ -499,10 +488,10 @@ def submit_form(ctx: Context, req: Request) -> Response:
     center = find_center(ctx, req.params["preferenceCenterExternalID"])
     profile = surviving_profile(ctx, token_sid)
     if profile is None:
-        raise _Refused(404, ERR_TOKEN_USER_GONE)
+        raise Refused(404, ERR_TOKEN_USER_GONE)
     service_id = profile["service_id"]
     if center["state"] != "active":
-        raise _Refused(409, ERR_DRAFT.format(center_id=center["center_id"]))
+        raise Refused(409, ERR_DRAFT.format(center_id=center["center_id"]))
     global_state, groups = check_form(req.body, pages().declared_fields(center["page_html"]))
     if global_state is not None or groups:
         apply_form(ctx, profile, global_state, groups)
@@ -521,10 +510,10 @@ def recipient_of(ctx: Context, req: Request) -> tuple[dict[str, Any], dict[str, 
     assert isinstance(token, str)  # read_token refused anything else
     center = find_center(ctx, req.params["preferenceCenterExternalID"])
     if center["state"] != "active":
-        raise _Refused(404, ERR_NOT_PUBLISHED.format(center_id=center["center_id"]))
+        raise Refused(404, ERR_NOT_PUBLISHED.format(center_id=center["center_id"]))
     profile = surviving_profile(ctx, token_sid)
     if profile is None:
-        raise _Refused(404, ERR_TOKEN_USER_GONE)
+        raise Refused(404, ERR_TOKEN_USER_GONE)
     return center, profile, token, expires
 
 
@@ -556,13 +545,13 @@ def link_user(ctx: Context, query: dict[str, Any]) -> dict[str, Any]:
     given = [k for k in ("external_id", "service_id") if k in query] + (["alias"] if alias else [])
     if len(given) != 1 or (alias and len(alias) != 2) or not all(
             isinstance(query[k], str) for k in ("external_id", "service_id", "alias_name", "alias_label") if k in query):
-        raise _Refused(400, ERR_LINK_USER)
+        raise Refused(400, ERR_LINK_USER)
     if given == ["alias"]:
         rows = ctx.state.rows_where("aliases", "alias_name", [query["alias_name"]]).filter(
             pl.col("alias_label") == query["alias_label"])
         profile = find_profile(ctx, rows["service_id"][0]) if rows.height else None
         if profile is None:
-            raise _Refused(404, ERR_USER_NOT_FOUND.format(
+            raise Refused(404, ERR_USER_NOT_FOUND.format(
                 kind="alias", value=f"{query['alias_label']}:{query['alias_name']}"))
         return profile
     return user_of_query(ctx, {given[0]: query[given[0]]})
@@ -579,16 +568,16 @@ def make_link(ctx: Context, req: Request) -> Response:
     if isinstance(lifetime, str) and lifetime.isdigit():
         lifetime = int(lifetime)
     if not isinstance(lifetime, int) or isinstance(lifetime, bool) or lifetime < 1:
-        raise _Refused(400, ERR_LINK_EXPIRES)
+        raise Refused(400, ERR_LINK_EXPIRES)
     if lifetime > longest.total_seconds():
-        raise _Refused(400, ERR_LINK_TOO_LONG.format(seconds=lifetime, most=int(longest.total_seconds()),
+        raise Refused(400, ERR_LINK_TOO_LONG.format(seconds=lifetime, most=int(longest.total_seconds()),
                                                      days=longest / timedelta(days=1)))
     if "base_url" in req.query:
         base = check_base_url(req.query["base_url"], "base_url")
     elif (stored := public_url(ctx)) is not None:
         base = stored
     else:
-        raise _Refused(400, ERR_NO_BASE_URL)
+        raise Refused(400, ERR_NO_BASE_URL)
     expires = ctx.clock + timedelta(seconds=lifetime)
     token = new_token(ctx, center["center_id"], profile["service_id"], expires)
     return Response(200, {"url": base + recipient_path(center["center_id"], token),
@@ -600,7 +589,7 @@ def set_public_url(ctx: Context, req: Request) -> Response:
     """`PUT .../public_url` `{"public_url": URL}`: the base of the links (`make_link`)."""
     body = req.body
     if not isinstance(body, dict) or set(body) != {PUBLIC_URL}:
-        raise _Refused(400, ERR_BASE_URL.format(field=PUBLIC_URL))
+        raise Refused(400, ERR_BASE_URL.format(field=PUBLIC_URL))
     url = check_base_url(body[PUBLIC_URL], PUBLIC_URL)
     changes = Changes()
     changes.upsert("campaign_settings", pl.DataFrame({
@@ -622,7 +611,7 @@ def apply_form(ctx: Context, profile: dict[str, Any], global_state: str | None,
         update["subscription_groups"] = groups
     answer = ctx.track({"attributes": [update]})
     if answer.status != 201 or answer.body.get("errors"):
-        raise _Refused(400, ERR_TRACK.format(errors=answer.body.get("errors") or answer.body))
+        raise Refused(400, ERR_TRACK.format(errors=answer.body.get("errors") or answer.body))
 
 
 def log_submit(ctx: Context, center_id: str, service_id: str, fields: dict[str, Any],

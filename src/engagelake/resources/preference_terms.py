@@ -5,8 +5,6 @@ for them (`preference_centers` imports `pages` on first use; `pages` imports onl
 
 from __future__ import annotations
 
-from engagelake.routing import Response
-
 LINK_KEYS = ("rel", "type", "sizes", "color", "href")  # of each options.links-tags object
 # form field names the `form_field_name` tag writes and a submit accepts
 FIELD_GLOBAL = "email_global_state"
@@ -23,9 +21,3 @@ ERR_RENDER = "the page of preference center {center_id} cannot be rendered: {err
 ERR_FORM_TAG = "form_field_name expects ':subscription_group <subscription_group_api_id>' or ':email_global_state'"
 
 
-class _Refused(Exception):
-    """Ends a handler early with an error response `{"message": ...}`."""
-
-    def __init__(self, status: int, message: str):
-        super().__init__(message)
-        self.response = Response(status, {"message": message})

@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from engagelake.link_keys import LinkKey, Ring, millis
-from engagelake.resources.preference_terms import _Refused
+from engagelake.resources.refusals import Refused
 
 ERR_TOKEN = "invalid token: use the submit URL of a freshly rendered page"  # 403
 ERR_TOKEN_CENTER = "token belongs to another preference center"  # 403
@@ -50,28 +50,28 @@ def read_token(ring: Ring, token: Any, center_id: str, now: datetime) -> tuple[s
     signature; a retired key or issued before the ring's revocation; another center; made to
     live longer than the ring's maximum; expired."""
     if not isinstance(token, str) or token.count(".") != 1:
-        raise _Refused(403, ERR_TOKEN)
+        raise Refused(403, ERR_TOKEN)
     payload_text, signature_text = token.split(".")
     try:
         payload, signature = unb64(payload_text), unb64(signature_text)
         key_id, token_center, service_id, issued_text, expires_text = payload.decode().split("|")
         issued_ms, expires_s = int(issued_text), int(expires_text)
     except ValueError:  # not base64 (binascii.Error), not UTF-8, not five fields, not numbers
-        raise _Refused(403, ERR_TOKEN) from None
+        raise Refused(403, ERR_TOKEN) from None
     key = ring.key(key_id)
     if key is None:
         hmac.compare_digest(signature, bytes(32))  # an unknown key costs what a known one does
-        raise _Refused(403, ERR_TOKEN)
+        raise Refused(403, ERR_TOKEN)
     expected = hmac.new(key.secret, TOKEN_DOMAIN + payload, hashlib.sha256).digest()
     if not hmac.compare_digest(signature, expected):
-        raise _Refused(403, ERR_TOKEN)
+        raise Refused(403, ERR_TOKEN)
     if key.retired is not None or (ring.revoked_before is not None and issued_ms < millis(ring.revoked_before)):
-        raise _Refused(403, ERR_TOKEN_REVOKED)
+        raise Refused(403, ERR_TOKEN_REVOKED)
     if token_center != center_id:
-        raise _Refused(403, ERR_TOKEN_CENTER)
+        raise Refused(403, ERR_TOKEN_CENTER)
     if expires_s * 1000 - issued_ms > ring.max_lifetime // timedelta(milliseconds=1):
-        raise _Refused(403, ERR_TOKEN_LIFETIME.format(days=ring.max_lifetime / timedelta(days=1)))
+        raise Refused(403, ERR_TOKEN_LIFETIME.format(days=ring.max_lifetime / timedelta(days=1)))
     expires = datetime.fromtimestamp(expires_s, UTC)
     if now >= expires:
-        raise _Refused(403, ERR_TOKEN_EXPIRED.format(expires=format_time(expires)))
+        raise Refused(403, ERR_TOKEN_EXPIRED.format(expires=format_time(expires)))
     return service_id, expires

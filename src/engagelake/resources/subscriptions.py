@@ -11,12 +11,13 @@ profile has none). The decisions are in `docs/semantics.md`, "Subscription group
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import polars as pl
 
 from engagelake.resources.catalogs import raise_for_response
+from engagelake.resources.refusals import Refused, answering
 from engagelake.routing import Client, Context, Handler, Request, Response
 from engagelake.rules.profile.validate import normalize_email, normalize_phone
 from engagelake.rules.state import State
@@ -41,22 +42,6 @@ SHOWN_STATUS = {"subscribed": "Subscribed", "unsubscribed": "Unsubscribed"}
 UNKNOWN = "Unknown"
 
 
-class _Refused(Exception):
-    def __init__(self, message: str):
-        super().__init__(message)
-        self.response = Response(400, {"message": message})
-
-
-def answering(handler: Callable[[Context, Request], Response]) -> Handler:
-    """A handler whose `_Refused` errors become their 400 responses."""
-
-    def run(ctx: Context, req: Request) -> Response:
-        try:
-            return handler(ctx, req)
-        except _Refused as refused:
-            return refused.response
-
-    return run
 
 
 # --- query parameters ------------------------------------------------------------------------------
@@ -70,14 +55,14 @@ def identifiers(query: dict[str, Any], kind: str) -> list[str]:
         given = query[name]
         for item in given if isinstance(given, list) else [given]:
             if not isinstance(item, str):
-                raise _Refused(ERR_VALUE.format(kind=kind))
+                raise Refused(400, ERR_VALUE.format(kind=kind))
             parts = [part.strip() for part in item.split(",")]
             if not all(parts):
-                raise _Refused(ERR_VALUE.format(kind=kind))
+                raise Refused(400, ERR_VALUE.format(kind=kind))
             values.extend(parts)
     values = list(dict.fromkeys(values))
     if len(values) > MAX_USERS:
-        raise _Refused(ERR_TOO_MANY.format(kind=kind, most=MAX_USERS, count=len(values)))
+        raise Refused(400, ERR_TOO_MANY.format(kind=kind, most=MAX_USERS, count=len(values)))
     return values
 
 
@@ -88,24 +73,29 @@ def whole_number(query: dict[str, Any], name: str, default: int, low: int, high:
     if isinstance(value, str) and value.strip().isdigit():
         value = int(value.strip())
     if not isinstance(value, int) or isinstance(value, bool) or value < low or (high is not None and value > high):
-        raise _Refused(message)
+        raise Refused(400, message)
     return value
 
 
 def wanted_users(query: dict[str, Any], *, email_or_phone: bool) -> pl.DataFrame:
-    """The identifiers a request names, as (`order`, `kind`, `given`, `key`: the value looked up,
-    null for an email or phone that is not valid): only the external IDs when any are given;
-    else the emails and the phones (`email_or_phone`: not both)."""
+    """The identifiers a request's query names (`named_users`): only the external IDs when any
+    are given; else the emails and the phones (`email_or_phone`: not both)."""
     given = {kind: identifiers(query, kind) for kind in KINDS}
     if given["external_id"]:
         used = ["external_id"]
     elif given["email"] and given["phone"] and email_or_phone:
-        raise _Refused(ERR_EMAIL_AND_PHONE)
+        raise Refused(400, ERR_EMAIL_AND_PHONE)
     else:
         used = [kind for kind in ("email", "phone") if given[kind]]
     if not used:
-        raise _Refused(ERR_NO_USER)
-    rows = [(kind, value) for kind in used for value in given[kind]]
+        raise Refused(400, ERR_NO_USER)
+    return named_users({kind: given[kind] for kind in used})
+
+
+def named_users(given: dict[str, list[str]]) -> pl.DataFrame:
+    """Identifiers by kind as (`order`, `kind`, `given`, `key`: the value looked up, null for an
+    email or phone that is not valid), in the order of `KINDS` and then as given."""
+    rows = [(kind, value) for kind in KINDS for value in given.get(kind, [])]
     frame = pl.DataFrame(rows, schema={"kind": pl.String, "given": pl.String}, orient="row").with_row_index("order")
     return frame.with_columns(
         key=pl.when(pl.col("kind") == "email").then(normalize_email(pl.col("given")))
@@ -146,7 +136,7 @@ def status_get(ctx: Context, req: Request) -> Response:
     """`{"status": {identifier: Subscribed | Unsubscribed | Unknown}, "message": "success"}`."""
     group = req.query.get("subscription_group_id")
     if not isinstance(group, str) or not group.strip():
-        raise _Refused(ERR_GROUP)
+        raise Refused(400, ERR_GROUP)
     hits = matches(ctx.state, wanted_users(req.query, email_or_phone=True))
     states = group_rows(ctx.state, hits["service_id"]).filter(pl.col("group_id") == group).select("service_id", "state")
     per = (
