@@ -28,6 +28,7 @@ from collections.abc import Callable
 from datetime import UTC, date, datetime, timedelta, timezone
 from typing import Any
 
+from engagelake.resources import email_lists as el
 from engagelake.resources import subscription_writes as sw
 from engagelake.rules import messages as m
 from engagelake.rules.reference import COUNTRY_CODES, LANGUAGE_CODES
@@ -53,9 +54,22 @@ IDENTITY_PATHS = (
 # the subscription group writes of the hosted API (issue 53, docs/semantics.md)
 SUBSCRIPTION_SET_PATH = "/subscription/status/set"
 SUBSCRIPTION_SET_V2_PATH = "/v2/subscription/status/set"
+# the email lists (issue 53, docs/semantics.md "Email lists")
+EMAIL_STATUS_PATH = "/email/status"
+EMAIL_BLOCKLIST_PATH = "/email/blocklist"
+EMAIL_BOUNCE_REMOVE_PATH = "/email/bounce/remove"
+EMAIL_SPAM_REMOVE_PATH = "/email/spam/remove"
+EMAIL_UNSUBSCRIBES_PATH = "/email/unsubscribes"
+EMAIL_HARD_BOUNCES_PATH = "/email/hard_bounces"
+EMAIL_WRITE_PATHS = (EMAIL_STATUS_PATH, EMAIL_BLOCKLIST_PATH, EMAIL_BOUNCE_REMOVE_PATH, EMAIL_SPAM_REMOVE_PATH)
 ENDPOINTS = {
-    path: ("POST",)
-    for path in (TRACK_PATH, EXPORT_PATH, *IDENTITY_PATHS, SUBSCRIPTION_SET_PATH, SUBSCRIPTION_SET_V2_PATH)
+    **{
+        path: ("POST",)
+        for path in (TRACK_PATH, EXPORT_PATH, *IDENTITY_PATHS, SUBSCRIPTION_SET_PATH, SUBSCRIPTION_SET_V2_PATH,
+                     *EMAIL_WRITE_PATHS)
+    },
+    EMAIL_UNSUBSCRIBES_PATH: ("GET",),
+    EMAIL_HARD_BOUNCES_PATH: ("GET",),
 }
 MAX_SUBSCRIPTION_USERS = 50  # of each kind, per entry
 MAX_SUBSCRIPTION_ENTRIES = 50  # of a v2 request
@@ -579,19 +593,21 @@ class Model:
         self.seq = 0
         self.tokens_received = 0  # stamps push token rows in the order received
         self.now = datetime.min.replace(tzinfo=UTC)  # the reading of the current batch
+        # an address's own state and lists: {email: {"state", "state_at", "hard_bounced_at", "spam_at"}}
+        self.addresses: dict[str, dict] = {}
 
     # -- dispatch -----------------------------------------------------------------------------
 
-    def call(self, method: str, path: str, body: Any = None) -> tuple[int, dict | None]:
+    def call(self, method: str, path: str, body: Any = None, query: dict | None = None) -> tuple[int, dict | None]:
         """One request; the clock is read once."""
-        return self.apply([{"method": method, "path": path, "body": body}])[0]
+        return self.apply([{"method": method, "path": path, "body": body, "query": query}])[0]
 
     def apply(self, requests: list[dict]) -> list[tuple[int, dict | None]]:
         """Many requests sharing one clock reading, strictly in order."""
         self.now = self.clock()
-        return [self._dispatch(r["method"], r["path"], r.get("body")) for r in requests]
+        return [self._dispatch(r["method"], r["path"], r.get("body"), r.get("query") or {}) for r in requests]
 
-    def _dispatch(self, method: str, path: str, body: Any) -> tuple[int, dict | None]:
+    def _dispatch(self, method: str, path: str, body: Any, query: dict | None = None) -> tuple[int, dict | None]:
         if path not in ENDPOINTS:
             return 404, {"message": m.NOT_FOUND.format(method=method, path=path)}
         allowed = ENDPOINTS[path]
@@ -604,6 +620,12 @@ class Model:
             except ValueError:
                 return 400, {"message": m.BAD_JSON}
         body = copy.deepcopy(body)
+        if path == EMAIL_UNSUBSCRIBES_PATH:
+            return self._email_unsubscribes(query or {})
+        if path == EMAIL_HARD_BOUNCES_PATH:
+            return self._email_hard_bounces(query or {})
+        if path in EMAIL_WRITE_PATHS:
+            return self._email_write(path, body)
         if path == TRACK_PATH:
             return self._track(body)
         if path == EXPORT_PATH:
@@ -640,6 +662,7 @@ class Model:
             "fields": {},  # profile fields with a value (email, phone normalized)
             "language_explicit": False,
             "push_opted_in_at": None,
+            "email_unsubscribed_at": None,  # when email_subscribe last changed to unsubscribed
             "custom": {},
             "push_tokens": [],  # [{"app_id", "token", "device_id"}] in the order received
             "subscription_groups": {},
@@ -798,9 +821,11 @@ class Model:
         if status == "skip":
             return None
         self.seq += 1  # one applied object
+        email_before = None if profile is None else profile["fields"].get("email")
         if profile is None:
             profile = self._create_for(kind, ident)
         self._touch(profile)
+        self._take_address_state(profile, email_before)
         if array == "attributes":
             self._apply_attributes(obj, kind, profile)
         elif array == "events":
@@ -825,6 +850,18 @@ class Model:
                 }
             )
         return None
+
+    def _take_address_state(self, profile: dict, email_before: str | None) -> None:
+        """A profile created with an address takes the state the address kept for itself."""
+        email = profile["fields"].get("email")
+        if email is not None and email != email_before:
+            self._address_state(profile)
+
+    def _address_state(self, profile: dict) -> None:
+        row = self.addresses.get(profile["fields"].get("email"))
+        if row is not None and row["state"] is not None:
+            self._email_subscribe(profile, row["state"])
+            profile["fields"]["email_subscribe"] = row["state"]
 
     def _push_token_import(self, obj: dict) -> None:
         """Each token held by nobody creates one anonymous profile holding it."""
@@ -864,7 +901,14 @@ class Model:
                 v = [float(v[0]), float(v[1])]
             elif f == "push_subscribe" and v == "opted_in" and fields.get(f) != "opted_in":
                 profile["push_opted_in_at"] = self.now
+            elif f == "email_subscribe":
+                self._email_subscribe(profile, v)
+            changed_email = f == "email" and fields.get("email") != v
             fields[f] = v
+            if changed_email and "email_subscribe" not in obj:
+                # DECISION (docs/semantics.md, "Email lists"): a user taking an address takes the
+                # state the address kept; the object's own email_subscribe wins over it
+                self._address_state(profile)
 
         for t in obj.get("push_tokens") or []:
             owner = self._token_owner(t["app_id"], t["token"])
@@ -911,6 +955,7 @@ class Model:
                 if other is profile or other["fields"].get("email") != email:
                     continue
                 if state is not None:
+                    self._email_subscribe(other, state)
                     other["fields"]["email_subscribe"] = state
                 for g in groups:
                     other["subscription_groups"][g["subscription_group_id"]] = g[
@@ -1254,6 +1299,11 @@ class Model:
                     continue  # skipped: no such user (or deleted by an earlier identifier)
                 self._drop(profile)
                 deleted += 1
+                # DECISION (docs/semantics.md, "Email lists"): erasure takes the address off
+                # the lists once no current user holds it
+                email = profile["fields"].get("email")
+                if email is not None and not any(p["fields"].get("email") == email for p in self.profiles):
+                    self.addresses.pop(email, None)
         return 200, {"deleted": deleted, "message": "success"}
 
     # -- /users/export/ids --------------------------------------------------------------------
@@ -1433,6 +1483,149 @@ class Model:
                 return 400, {"message": err}
             checked.append(one)
         return self._subscription_write(checked)
+
+    # -- email lists ----------------------------------------------------------------------------
+
+    def _email_subscribe(self, profile: dict, state: str) -> None:
+        """Note the time a user's email_subscribe changes to unsubscribed (before it is set)."""
+        if state == "unsubscribed" and profile["fields"].get("email_subscribe") != "unsubscribed":
+            profile["email_unsubscribed_at"] = self.now
+
+    @staticmethod
+    def _email_addresses(body: Any) -> tuple[str | None, list[str]]:
+        if not isinstance(body, dict):
+            return m.BODY_NOT_OBJECT, []
+        given = body.get("email")
+        items = given if isinstance(given, list) else [given]
+        if given is None or not items:
+            return el.ERR_EMAIL.format(most=el.MAX_EMAILS), []
+        # DECISION: addresses that are not text are named first, then invalid ones
+        for item in items:
+            if not isinstance(item, str):
+                return el.ERR_EMAIL_VALUE.format(value=repr(item)), []
+        emails: list[str] = []
+        for item in items:
+            email = normalize_email(item)
+            if email is None:
+                return el.ERR_EMAIL_VALUE.format(value=repr(item)), []
+            emails.append(email)
+        emails = list(dict.fromkeys(emails))
+        if len(emails) > el.MAX_EMAILS:
+            return el.ERR_TOO_MANY.format(most=el.MAX_EMAILS, count=len(emails)), []
+        return None, emails
+
+    def _email_write(self, path: str, body: Any) -> tuple[int, dict]:
+        err, emails = self._email_addresses(body)
+        if err is None and path == EMAIL_STATUS_PATH and body.get("subscription_state") not in el.STATES:
+            err = el.ERR_STATE
+        if err is not None:
+            return 400, {"message": err}
+        blank = {"state": None, "state_at": None, "hard_bounced_at": None, "spam_at": None}
+        rows = {e: dict(self.addresses.get(e, blank)) for e in emails}
+        if path in (EMAIL_STATUS_PATH, EMAIL_BLOCKLIST_PATH):
+            state = body["subscription_state"] if path == EMAIL_STATUS_PATH else "unsubscribed"
+            # every current holder, in creation order, as a track object by service_id
+            for p in [p for p in self.profiles if p["fields"].get("email") in rows]:
+                assert self._track_object("attributes", {"service_id": p["service_id"], "email_subscribe": state}) is None
+            for row in rows.values():
+                row["state"], row["state_at"] = state, self.now
+                if path == EMAIL_BLOCKLIST_PATH and row["hard_bounced_at"] is None:
+                    row["hard_bounced_at"] = self.now
+        else:
+            column = "hard_bounced_at" if path == EMAIL_BOUNCE_REMOVE_PATH else "spam_at"
+            for row in rows.values():
+                row[column] = None
+        for e, row in rows.items():
+            if any(v is not None for k, v in row.items() if k != "state_at"):
+                self.addresses[e] = row
+            else:
+                self.addresses.pop(e, None)
+        return 201, {"message": "success"}
+
+    @staticmethod
+    def _list_window(query: dict) -> tuple[str | None, Any]:
+        """(error, (email, start, end)) of a list's query, checked in the engine's order."""
+        dates = []
+        for name in ("start_date", "end_date"):
+            v = query.get(name)
+            d = None
+            if v is not None:
+                try:
+                    if not isinstance(v, str) or not re.fullmatch(r"\d{4}-\d{2}-\d{2}", v.strip()):
+                        raise ValueError(v)
+                    d = datetime.fromisoformat(v.strip()).replace(tzinfo=UTC)
+                except ValueError:
+                    return el.ERR_DATE.format(name=name), None
+            dates.append(d)
+        start, end = dates
+        if query.get("email") is not None:
+            email = normalize_email(query["email"])
+            if email is None:
+                return el.ERR_EMAIL_VALUE.format(value=repr(query["email"])), None
+            return None, (email, None, None)
+        if start is None or end is None:
+            return el.ERR_RANGE, None
+        if start > end:
+            return el.ERR_ORDER, None
+        return None, (None, start, end)
+
+    @staticmethod
+    def _whole(query: dict, name: str, default: int, low: int, high: int | None) -> int | None:
+        v = query.get(name, default)
+        if isinstance(v, str) and v.strip().isdigit():
+            v = int(v.strip())
+        if not isinstance(v, int) or isinstance(v, bool) or v < low or (high is not None and v > high):
+            return None
+        return v
+
+    def _email_page(self, query: dict, listed: dict[str, datetime], newest_first: bool, column: str,
+                    shown: Callable[[datetime], str]) -> tuple[int, dict]:
+        err, window = self._list_window(query)
+        if err is not None:
+            return 400, {"message": err}
+        limit = self._whole(query, "limit", el.DEFAULT_LIMIT, 1, el.MAX_LIMIT)
+        if limit is None:
+            return 400, {"message": el.ERR_LIMIT.format(most=el.MAX_LIMIT)}
+        offset = self._whole(query, "offset", 0, 0, None)
+        if offset is None:
+            return 400, {"message": el.ERR_OFFSET}
+        email, start, end = window
+        rows = [(e, at) for e, at in listed.items()
+                if (e == email if email is not None else start <= at < end)]
+        rows.sort(key=lambda r: r[0])  # ties by address, then by time
+        rows.sort(key=lambda r: r[1], reverse=newest_first)
+        page = rows[offset:offset + limit]
+        return 200, {"emails": [{"email": e, column: shown(at)} for e, at in page], "message": "success"}
+
+    def unsubscribed(self) -> dict[str, datetime]:
+        """Every unsubscribed address and since when (docs/semantics.md, "Email lists")."""
+        out: dict[str, datetime] = {}
+        for p in self.profiles:
+            email = p["fields"].get("email")
+            if email is not None and p["fields"].get("email_subscribe") == "unsubscribed":
+                at = p["email_unsubscribed_at"] or p["updated_at"]
+                out[email] = max(out.get(email, at), at)
+        held = {p["fields"].get("email") for p in self.profiles}
+        for e, row in self.addresses.items():
+            if row["state"] == "unsubscribed" and e not in held:
+                out[e] = row["state_at"]
+        return out
+
+    def _email_unsubscribes(self, query: dict) -> tuple[int, dict]:
+        direction = query.get("sort_direction", "desc")
+        if direction not in ("asc", "desc"):
+            return 400, {"message": el.ERR_SORT}
+        return self._email_page(query, self.unsubscribed(), direction == "desc", "unsubscribed_at",
+                                lambda at: at.strftime("%Y-%m-%d %H:%M:%S +0000"))
+
+    def _email_hard_bounces(self, query: dict) -> tuple[int, dict]:
+        bounced = {e: row["hard_bounced_at"] for e, row in self.addresses.items() if row["hard_bounced_at"]}
+        return self._email_page(query, bounced, True, "hard_bounced_at", format_ts)
+
+    def email_address_rows(self) -> list[tuple]:
+        """(email, state, state_at, hard_bounced_at, spam_at), sorted: the engine's table."""
+        return sorted((e, r["state"], r["state_at"], r["hard_bounced_at"], r["spam_at"])
+                      for e, r in self.addresses.items())
 
     def subscription_states(self) -> list[tuple[str, str, str]]:
         """(service_id, group, state) of every live profile, sorted."""

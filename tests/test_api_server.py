@@ -118,6 +118,12 @@ SCRIPT: list[tuple[str, str, Any, dict[str, str] | None]] = [
                                           "external_id": ["ann", "ghost"]}, None),
     ("POST", "/v2/subscription/status/set", {"subscription_groups": [
         {"subscription_group_id": "g2", "subscription_state": "unsubscribed", "emails": ["ann@example.com"]}]}, None),
+    ("POST", "/email/status", {"email": "ann@example.com", "subscription_state": "unsubscribed"}, None),
+    ("POST", "/email/blocklist", {"email": ["bob@example.com", "nobody@example.com"]}, None),
+    ("POST", "/email/bounce/remove", {"email": "nobody@example.com"}, None),
+    ("POST", "/email/spam/remove", {"email": "bob@example.com"}, None),
+    ("GET", "/email/unsubscribes", None, {"start_date": "2020-01-01", "end_date": "2100-01-01", "limit": "500"}),
+    ("GET", "/email/hard_bounces", None, {"email": "bob@example.com"}),
     ("POST", "/scim/v2/Users", {"schemas": ["urn:ietf:params:scim:schemas:core:2.0:User"],
                                 "userName": "ann@example.com", "name": {"givenName": "Ann", "familyName": "Lee"},
                                 "department": "marketing", "permissions": {"companyPermissions": ["admin"]}}, None),

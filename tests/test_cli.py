@@ -62,7 +62,7 @@ def _command_paths(command: Any, path: tuple[str, ...] = ()) -> list[tuple[str, 
 
 
 ALL_COMMANDS = _command_paths(typer.main.get_command(app))
-assert len(ALL_COMMANDS) == 1 + len(COMMANDS) + 1 + 5 + 16  # the root, those above, serve, five groups (3, 3, 2, 5, 3)
+assert len(ALL_COMMANDS) == 1 + len(COMMANDS) + 1 + 6 + 20  # the root, those above, serve, six groups (3, 3, 2, 5, 3, 4)
 
 
 @pytest.mark.parametrize("command", ALL_COMMANDS, ids=lambda path: " ".join(path) or "engagelake")

@@ -30,6 +30,12 @@ from tests.model import (
     ALIAS_NEW_PATH,
     ALIAS_UPDATE_PATH,
     DELETE_PATH,
+    EMAIL_BLOCKLIST_PATH,
+    EMAIL_BOUNCE_REMOVE_PATH,
+    EMAIL_HARD_BOUNCES_PATH,
+    EMAIL_SPAM_REMOVE_PATH,
+    EMAIL_STATUS_PATH,
+    EMAIL_UNSUBSCRIBES_PATH,
     EXPORT_PATH,
     IDENTIFY_PATH,
     MERGE_PATH,
@@ -775,8 +781,60 @@ def subscription_set_v2_bodies(draw: st.DrawFn) -> Any:
     return {"subscription_groups": entries}
 
 
+OTHER_EMAILS = ["lone@example.com", "Lone@Example.com "]  # an address nobody holds
+
+
+@st.composite
+def email_write_bodies(draw: st.DrawFn, with_state: bool) -> Any:
+    """`{"email": ...}` (and a state): held, unheld and invalid addresses, one or an array."""
+    emails = draw(lists(pick([*EMAILS, *OTHER_EMAILS]), max_size=3))
+    body: dict[str, Any] = {"email": draw(pick([emails, emails[0]]))}
+    if with_state:
+        body["subscription_state"] = draw(pick(["subscribed", "unsubscribed", "unsubscribed", "opted_in"]))
+    broken = draw(DEFECT)
+    if broken == 0:
+        body["email"] = draw(pick([BAD_EMAIL, [EMAILS[0], 5], [], None, [f"u{i}@example.com" for i in range(51)]]))
+    elif broken == 1 and with_state:
+        body["subscription_state"] = draw(pick(["Subscribed", None]))
+    elif broken == 2:
+        return draw(pick([[EMAILS[0]], "ann@example.com"]))
+    return body
+
+
+@st.composite
+def email_list_queries(draw: st.DrawFn) -> dict:
+    """A list's query: the month of the clock, or one address, and paging; a defect at times."""
+    query: dict[str, Any] = draw(pick([
+        {"start_date": "2026-11-01", "end_date": "2026-12-01"},
+        {"start_date": "2026-11-22", "end_date": "2026-11-22"},  # empty: the end day is left out
+        {"email": draw(pick([*EMAILS, *OTHER_EMAILS]))},
+    ]))
+    if draw(st.booleans()):
+        query["limit"] = draw(pick(["1", "2", 500]))
+        query["offset"] = draw(pick(["0", "1", 3]))
+    broken = draw(DEFECT)
+    if broken == 0:
+        query = {"end_date": "2026-12-01"}
+    elif broken == 1:
+        query["limit"] = draw(pick(["0", "501", "x"]))
+    elif broken == 2:
+        query = {"start_date": "2026-12-01", "end_date": "2026/12/02"}
+    return query
+
+
+def get(path: str) -> Any:
+    return lambda query: {"method": "GET", "path": path, "body": None, "query": query}
+
+
 requests = weighted(
     (12, track_bodies().map(post(TRACK_PATH))),
+    (2, email_write_bodies(with_state=True).map(post(EMAIL_STATUS_PATH))),
+    (1, email_write_bodies(with_state=False).map(post(EMAIL_BLOCKLIST_PATH))),
+    (1, email_write_bodies(with_state=False).map(post(EMAIL_BOUNCE_REMOVE_PATH))),
+    (1, email_write_bodies(with_state=False).map(post(EMAIL_SPAM_REMOVE_PATH))),
+    (1, st.tuples(email_list_queries(), pick(["asc", "desc", None])).map(
+        lambda t: get(EMAIL_UNSUBSCRIBES_PATH)({**t[0], **({"sort_direction": t[1]} if t[1] else {})}))),
+    (1, email_list_queries().map(get(EMAIL_HARD_BOUNCES_PATH))),
     (3, subscription_entries(plural=False).map(post(SUBSCRIPTION_SET_PATH))),
     (2, subscription_set_v2_bodies().map(post(SUBSCRIPTION_SET_V2_PATH))),
     (1, fatal_track_bodies().map(post(TRACK_PATH))),
@@ -998,6 +1056,13 @@ def assert_same_users(ws: Any, model: Model, what: str) -> None:
     states = ws.sql("SELECT service_id, group_id, state FROM subscriptions ORDER BY ALL").rows()
     assert_same([list(row) for row in states], [list(row) for row in model.subscription_states()],
                 f"{what}: subscription group states")
+    addresses = ws.sql("SELECT email, state, state_at, hard_bounced_at, spam_at FROM email_addresses ORDER BY email")
+    assert_same([[str(v) for v in row] for row in addresses.rows()],
+                [[str(v) for v in row] for row in model.email_address_rows()], f"{what}: email addresses")
+    unsubscribed = ws.call("GET", EMAIL_UNSUBSCRIBES_PATH, query={"start_date": "2000-01-01", "end_date": "2100-01-01",
+                                                                  "limit": 500})
+    assert_same(unsubscribed.body, model.call("GET", EMAIL_UNSUBSCRIBES_PATH, query={
+        "start_date": "2000-01-01", "end_date": "2100-01-01", "limit": 500})[1], f"{what}: unsubscribes")
 
 
 def response_pair(response: Any) -> tuple[int, Any]:
@@ -1016,13 +1081,14 @@ def close(ws: Any) -> None:
 
 def run_model(reqs: list[dict]) -> tuple[Model, list[tuple[int, Any]]]:
     model = Model(clock, SEED)
-    responses = [model.call(r["method"], r["path"], copy.deepcopy(r["body"])) for r in reqs]
+    responses = [model.call(r["method"], r["path"], copy.deepcopy(r["body"]), r.get("query")) for r in reqs]
     return model, responses
 
 
 def describe(reqs: list[dict]) -> None:
     for i, r in enumerate(reqs):
-        note(f"request {i}: {r['method']} {r['path']} {json.dumps(r['body'])[:3000]}")
+        query = f" ?{json.dumps(r['query'])}" if r.get("query") else ""
+        note(f"request {i}: {r['method']} {r['path']}{query} {json.dumps(r['body'])[:3000]}")
 
 
 engine_only = pytest.mark.skipif(Workspace is None, reason="engagelake.Workspace not available")
@@ -1332,8 +1398,8 @@ def test_call_mode_matches_model(reqs: list[dict]) -> None:
         ws = new_engine(tmp)
         try:
             for i, r in enumerate(reqs):
-                want = model.call(r["method"], r["path"], copy.deepcopy(r["body"]))
-                got = ws.call(r["method"], r["path"], body=copy.deepcopy(r["body"]))
+                want = model.call(r["method"], r["path"], copy.deepcopy(r["body"]), r.get("query"))
+                got = ws.call(r["method"], r["path"], body=copy.deepcopy(r["body"]), query=r.get("query"))
                 assert_same(response_pair(got), want, f"response to request {i}")
             assert_same_users(ws, model, "final")
         finally:

@@ -46,6 +46,12 @@ ENDPOINT_PERMISSIONS: dict[tuple[str, str], str] = {
     ("GET", "/subscription/user/status"): "subscription.groups.get",
     ("POST", "/subscription/status/set"): "subscription.status.set",
     ("POST", "/v2/subscription/status/set"): "subscription.status.set",
+    ("POST", "/email/status"): "email.status",
+    ("POST", "/email/blocklist"): "email.blacklist",  # the hosted API's name, from before "blocklist"
+    ("POST", "/email/bounce/remove"): "email.bounce.remove",
+    ("POST", "/email/spam/remove"): "email.spam.remove",
+    ("GET", "/email/unsubscribes"): "email.unsubscribe",
+    ("GET", "/email/hard_bounces"): "email.hard_bounces",
     ("POST", "/scim/v2/Users"): SCIM,
     ("GET", "/scim/v2/Users"): SCIM,
     ("GET", "/scim/v2/Users/{id}"): SCIM,

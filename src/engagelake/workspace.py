@@ -46,6 +46,7 @@ from engagelake.link_keys import LinkKeys
 from engagelake.resources.campaigns import Campaigns
 from engagelake.resources.catalogs import Catalogs
 from engagelake.resources.credentials import Credentials
+from engagelake.resources.email_lists import EmailLists
 from engagelake.resources.preference_centers import PreferenceCenters
 from engagelake.resources.scim import Scim
 from engagelake.resources.subscription_writes import SubscriptionGroups
@@ -691,6 +692,10 @@ class Workspace:
     @property
     def subscriptions(self) -> SubscriptionGroups:
         return SubscriptionGroups(self)
+
+    @property
+    def emails(self) -> EmailLists:
+        return EmailLists(self)
 
     @property
     def credentials(self) -> Credentials:

@@ -68,7 +68,8 @@ SUCCESS_STATUS: dict[tuple[str, str], int] = {  # for the document (docs/semanti
     ("POST", "/users/track"): 201, ("POST", "/users/merge"): 202, ("POST", "/catalogs"): 201,
     ("PUT", "/catalogs/{catalog_name}/items"): 202, ("DELETE", "/catalogs/{catalog_name}/items"): 202,
     ("POST", "/scim/v2/Users"): 201, ("DELETE", "/scim/v2/Users/{id}"): 204,
-    ("POST", "/subscription/status/set"): 201, ("POST", "/v2/subscription/status/set"): 201}
+    ("POST", "/subscription/status/set"): 201, ("POST", "/v2/subscription/status/set"): 201,
+    **{("POST", path): 201 for path in ("/email/status", "/email/blocklist", "/email/bounce/remove", "/email/spam/remove")}}
 
 
 class _Credentials:

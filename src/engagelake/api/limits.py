@@ -41,6 +41,7 @@ DEFAULT_LIMITS: dict[str, Limit] = {
     # the hosted API's: among the endpoints sharing 250,000 requests per hour (issue 53)
     "subscription_reads": Limit(250_000, 3_600),  # GET status/get and user/status, shared
     "subscription_writes": Limit(5_000, 60),  # POST status/set and v2, shared
+    "email_lists": Limit(250_000, 3_600),  # the six /email/ endpoints, shared
     # not in the specification: a recipient's page and its form, counted per link (its token),
     # so that one leaked link cannot keep the writer busy; a person opens and saves a few times
     "recipient_page": Limit(60, 60),
@@ -87,6 +88,12 @@ LIMITED: dict[tuple[str, str], str] = {
     ("GET", "/subscription/user/status"): "subscription_reads",
     ("POST", "/subscription/status/set"): "subscription_writes",
     ("POST", "/v2/subscription/status/set"): "subscription_writes",
+    ("POST", "/email/status"): "email_lists",
+    ("POST", "/email/blocklist"): "email_lists",
+    ("POST", "/email/bounce/remove"): "email_lists",
+    ("POST", "/email/spam/remove"): "email_lists",
+    ("GET", "/email/unsubscribes"): "email_lists",
+    ("GET", "/email/hard_bounces"): "email_lists",
 }
 
 

@@ -22,6 +22,7 @@ import typer
 
 from engagelake.cli import (
     credentials,
+    emails,
     ingest,
     link_keys,
     maintain,
@@ -116,6 +117,17 @@ subscriptions_app.command("status")(subscriptions.status)
 subscriptions_app.command("user")(subscriptions.user)
 subscriptions_app.command("set")(subscriptions.set_state)
 app.add_typer(subscriptions_app, name="subscriptions")
+
+emails_app = _group(
+    "Addresses' global email states and the email lists, as the /email/ endpoints set and answer "
+    "them.\n\nEach command has its own --help.\n\nExample:\n"
+    "  engagelake emails unsubscribes --start 2026-06-01 --end 2026-07-01"
+)
+emails_app.command("status")(emails.status)
+emails_app.command("blocklist")(emails.blocklist)
+emails_app.command("unsubscribes")(emails.unsubscribes)
+emails_app.command("hard-bounces")(emails.hard_bounces)
+app.add_typer(emails_app, name="emails")
 
 link_keys_app = _group(link_keys.HELP)
 link_keys_app.command("rotate")(link_keys.rotate)

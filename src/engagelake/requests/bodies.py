@@ -247,6 +247,15 @@ class SubscriptionStatusSetV2Request(_Closed):
     subscription_groups: list[SubscriptionGroupEntry] = Field(description="1 to 50, written in order")
 
 
+class EmailStatusRequest(_Closed):
+    email: str | list[str] = Field(description="an address, or at most 50")
+    subscription_state: Literal["subscribed", "unsubscribed", "opted_in"]
+
+
+class EmailsRequest(_Closed):
+    email: str | list[str] = Field(description="an address, or at most 50")
+
+
 # (method, route pattern) -> the model of its body
 REQUEST_BODIES: dict[tuple[str, str], type[BaseModel]] = {
     ("POST", "/users/track"): TrackRequest,
@@ -267,4 +276,8 @@ REQUEST_BODIES: dict[tuple[str, str], type[BaseModel]] = {
     ("PUT", "/scim/v2/Users/{id}"): ScimUserRequest,
     ("POST", "/subscription/status/set"): SubscriptionStatusSetRequest,
     ("POST", "/v2/subscription/status/set"): SubscriptionStatusSetV2Request,
+    ("POST", "/email/status"): EmailStatusRequest,
+    ("POST", "/email/blocklist"): EmailsRequest,
+    ("POST", "/email/bounce/remove"): EmailsRequest,
+    ("POST", "/email/spam/remove"): EmailsRequest,
 }

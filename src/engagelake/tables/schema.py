@@ -9,6 +9,7 @@ import polars as pl
 from engagelake.tables import campaigns as tables_campaigns
 from engagelake.tables import catalogs as tables_catalogs
 from engagelake.tables import credentials as tables_credentials
+from engagelake.tables import emails as tables_emails
 from engagelake.tables import preference_centers as tables_preference_centers
 from engagelake.tables import scim as tables_scim
 from engagelake.tables.types import UTC_TS
@@ -33,6 +34,8 @@ SCHEMAS: dict[str, dict[str, pl.DataType]] = {
         "last_coordinates": pl.List(pl.Float64()),
         "push_opted_in_at": UTC_TS,
         "push_anonymous": pl.Boolean(),
+        # when email_subscribe last changed to unsubscribed (GET /email/unsubscribes)
+        "email_unsubscribed_at": UTC_TS,
     },
     # every external ID that resolves: the primary one of each user, and deprecated ones
     "external_ids": {"external_id": pl.String(), "service_id": pl.String(), "primary": pl.Boolean()},
@@ -91,7 +94,8 @@ HISTORY_READ = {
 
 USER_TABLES = tuple(SCHEMAS)  # the user tables; resource tables follow
 
-for _module in (tables_scim, tables_preference_centers, tables_catalogs, tables_campaigns, tables_credentials):
+for _module in (tables_scim, tables_preference_centers, tables_catalogs, tables_campaigns, tables_credentials,
+                tables_emails):
     SCHEMAS.update(_module.SCHEMAS)
     KEYS.update(_module.KEYS)
 

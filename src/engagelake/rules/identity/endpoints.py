@@ -23,6 +23,7 @@ from engagelake.rules.identity.merge import MergeRun, contact_candidates, priori
 from engagelake.rules.identity.profiles_merge import (
     IDENTIFY_FIELDS,
     MERGE_FIELDS,
+    forget_addresses,
     merge_effects,
     remove_profiles,
 )
@@ -141,6 +142,7 @@ def _delete(run: Run, items: pl.DataFrame, valid: list[int], out: IdentityOutcom
     items = items.join(first, on="sid0", how="left").with_columns(
         (pl.col("j") == pl.col("first")).fill_null(False).alias("applied"))
     gone = items.filter("applied").select(pl.col("sid0").alias("sid"), pl.lit(None, pl.String).alias("into"))
+    out.changes.extend(forget_addresses(run.state, gone["sid"]))
     out.changes.extend(remove_profiles(run.state, gone, run.clock))
     out.changes.upsert("merges", run.lineage(
         items, rule="delete", outcome=_outcome(),

@@ -119,6 +119,19 @@ def merge_effects(state: State, edges: pl.DataFrame, fields: tuple[str, ...], cl
     return changes
 
 
+def forget_addresses(state: State, gone: pl.Series) -> Changes:
+    """Changes deleting the `email_addresses` rows (an address's own state and lists) of the
+    addresses deleted profiles (`gone`) held that no other current user holds: erasure takes
+    a deleted user off the email lists too."""
+    changes = Changes()
+    emails = state.rows_where("profiles", "service_id", gone)["email"].drop_nulls().unique()
+    if emails.len():
+        others = state.rows_where("profiles", "email", emails).filter(~pl.col("service_id").is_in(gone.implode()))
+        alone = emails.filter(~emails.is_in(others["email"].implode()))
+        changes.delete("email_addresses", state.rows_where("email_addresses", "email", alone))
+    return changes
+
+
 def remove_profiles(state: State, into: pl.DataFrame, clock: datetime) -> Changes:
     """Changes deleting profiles `into` (sid, into) with every row keyed by them; their event and
     purchase history follows `into` (null: it goes with them). Earlier redirects into them too."""

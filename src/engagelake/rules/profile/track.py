@@ -439,11 +439,15 @@ def _changes(b: _Batch) -> tuple[Changes, int]:
         changes.upsert("aliases", ids.filter(pl.col("kind") == "alias").select(
             alias_label=alias_parts.struct.field("field_0"), alias_name=alias_parts.struct.field("field_1"),
             service_id="service_id"))
-    # profile fields: last write per (user, field), propagated email states included
+    # profile fields: last write per (user, field), propagated email states and the states of
+    # addresses users take included; an object's own write follows the address's (`order`)
     writes = pl.concat([
-        b.acc_fields.select(sid=real("target"), seq="seq", field="field", value="value"),
-        b.prop_subscribe.select(sid=real("sid"), seq="seq", field=pl.lit("email_subscribe"), value="value"),
-    ]).sort("seq")
+        _address_states(state, b).select(sid=real("sid"), seq="seq", field=pl.lit("email_subscribe"), value="value",
+                                          order=pl.lit(0)),
+        b.acc_fields.select(sid=real("target"), seq="seq", field="field", value="value", order=pl.lit(1)),
+        b.prop_subscribe.select(sid=real("sid"), seq="seq", field=pl.lit("email_subscribe"), value="value",
+                                order=pl.lit(1)),
+    ]).sort("seq", "order", maintain_order=True).drop("order")
     fields = writes["field"].unique().sort().to_list()
     # one row per touched profile: its last update and, per field written, whether and what
     # it last wrote (one grouping by the 24-character ID, and one join below, instead of one
@@ -472,25 +476,17 @@ def _changes(b: _Batch) -> tuple[Changes, int]:
     def bits(when: pl.Expr, *fields: str) -> pl.Expr:
         return pl.when(when).then(pl.lit(mask_of("profiles", list(fields)), pl.Int64)).otherwise(0)
 
-    # push_opted_in_at: the clock, when push_subscribe changed to opted_in (the one field
-    # whose rule reads the stored row)
-    push = pl.DataFrame()
-    if "push_subscribe" in fields:
-        push_writes = writes.filter(pl.col("field") == "push_subscribe")
-        stored = state.rows_where("profiles", "service_id", push_writes.join(
-            ids, left_on="sid", right_on="service_id", how="anti")["sid"].unique())
-        push = (
-            push_writes
-            .join(stored.select(pl.col("service_id").alias("sid"), pl.col("push_subscribe").alias("old")),
-                  on="sid", how="left")
-            .with_columns(prev=pl.col("value").shift(1).over("sid"), first=pl.int_range(pl.len()).over("sid") == 0)
-            .with_columns(prev=pl.when(pl.col("first")).then(pl.col("old")).otherwise(pl.col("prev")))
-            .filter((pl.col("value") == "opted_in") & (pl.col("prev").is_null() | (pl.col("prev") != "opted_in")))
-            .select(pl.col("sid").alias("service_id")).unique().with_columns(_opt=pl.lit(True))
-        )
-    if push.height:
-        base = base.join(push, on="service_id", how="left")
-    opted = pl.col("_opt").fill_null(False) if push.height else pl.lit(False)
+    # push_opted_in_at and email_unsubscribed_at: the clock, when push_subscribe changed to
+    # opted_in, or email_subscribe to unsubscribed (the fields whose rules read the stored row)
+    stamps = {name: pl.lit(False) for name in ("_opt", "_unsub")}
+    for field, value, flag in (("push_subscribe", "opted_in", "_opt"), ("email_subscribe", "unsubscribed", "_unsub")):
+        if field not in fields:
+            continue
+        changed = _changed_to(state, ids, writes.filter(pl.col("field") == field), field, value)
+        if changed.height:
+            base = base.join(changed.with_columns(pl.lit(True).alias(flag)), on="service_id", how="left")
+            stamps[flag] = pl.col(flag).fill_null(False)
+    opted, unsubscribed = stamps["_opt"], stamps["_unsub"]
     touch = pl.col("seq").is_not_null()
     written = {f: pl.col(f"_w_{f}").fill_null(False) for f in fields}
     values = {f: pl.col(f"_v_{f}") for f in fields}
@@ -500,11 +496,12 @@ def _changes(b: _Batch) -> tuple[Changes, int]:
         written["language_explicit"], values["language_explicit"] = written["language"], pl.col("_v_language").is_not_null()
     base = base.with_columns(
         *(write(f, written[f], values[f]) for f in written),
-        write("push_opted_in_at", opted, now),
+        write("push_opted_in_at", opted, now), write("email_unsubscribed_at", unsubscribed, now),
         write("updated_at", touch, now), write("update_seq", touch, pl.col("seq") + gbase),
         # a whole row's mask stays null
         functools.reduce(operator.or_, [pl.col(SET), *(bits(written[f], f) for f in written),
-                                        bits(opted, "push_opted_in_at"), bits(touch, "updated_at", "update_seq")]).alias(SET),
+                                        bits(opted, "push_opted_in_at"), bits(unsubscribed, "email_unsubscribed_at"),
+                                        bits(touch, "updated_at", "update_seq")]).alias(SET),
     ).select(*SCHEMAS["profiles"], SET)
     changes.upsert("profiles", base)
     # custom attributes
@@ -540,6 +537,41 @@ def _changes(b: _Batch) -> tuple[Changes, int]:
             changes.upsert(name, frame.join(b.accepted, on="seq").sort("seq").with_columns(
                 service_id=real("target"), update_seq=pl.col("seq") + gbase))
     return changes, state.next_profile_n + ids.height
+
+
+def _address_states(state: State, b: _Batch) -> pl.DataFrame:
+    """(sid, seq, value): the email state an address kept for itself (`email_addresses`, set by
+    `POST /email/status` or the blocklist) for each object that gives a profile that address, a
+    new profile's included (docs/semantics.md, "Email lists")."""
+    taken = b.email_tl.filter(pl.col("email").is_not_null())
+    if taken.height == 0:
+        return pl.DataFrame(schema={"sid": pl.String, "seq": pl.Int64, "value": pl.String})
+    kept = state.rows_where("email_addresses", "email", taken["email"].unique()).filter(pl.col("state").is_not_null())
+    if kept.height == 0:  # no address with a state of its own (most passes)
+        return pl.DataFrame(schema={"sid": pl.String, "seq": pl.Int64, "value": pl.String})
+    changes = (
+        b.email_tl.sort("seq", maintain_order=True)
+        .join(b.prof.select("sid", pl.col("email").alias("stored")), on="sid", how="left")
+        .with_columns(prev=pl.col("email").shift(1).over("sid"), first=pl.int_range(pl.len()).over("sid") == 0)
+        .with_columns(prev=pl.when(pl.col("first")).then(pl.col("stored")).otherwise(pl.col("prev")))
+        .filter(pl.col("email").is_not_null() & (pl.col("prev").is_null() | (pl.col("prev") != pl.col("email"))))
+    )
+    return changes.join(kept.select("email", value="state"), on="email").select("sid", "seq", "value")
+
+
+def _changed_to(state: State, ids: pl.DataFrame, field_writes: pl.DataFrame, field: str, value: str) -> pl.DataFrame:
+    """The profiles (`service_id`) whose `field` one of `field_writes` (sid, seq, value; in seq
+    order) changed to `value`, from its stored value or an earlier write's."""
+    stored = state.rows_where("profiles", "service_id", field_writes.join(
+        ids, left_on="sid", right_on="service_id", how="anti")["sid"].unique())
+    return (
+        field_writes
+        .join(stored.select(pl.col("service_id").alias("sid"), pl.col(field).alias("old")), on="sid", how="left")
+        .with_columns(prev=pl.col("value").shift(1).over("sid"), first=pl.int_range(pl.len()).over("sid") == 0)
+        .with_columns(prev=pl.when(pl.col("first")).then(pl.col("old")).otherwise(pl.col("prev")))
+        .filter((pl.col("value") == value) & (pl.col("prev").is_null() | (pl.col("prev") != value)))
+        .select(pl.col("sid").alias("service_id")).unique()
+    )
 
 
 def _responses(requests: pl.DataFrame, valid: ValidTrack, rejected: pl.DataFrame) -> dict[int, tuple[int, dict[str, Any]]]:
